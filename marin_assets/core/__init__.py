@@ -1,0 +1,1 @@
+"""The core: steps, identity, status and lease, records, execution, plan, Dagster adapter."""

@@ -1,0 +1,40 @@
+"""Small whole-file writes that readers never see half-written, through fsspec."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+
+def atomic_write(url: str, data: bytes) -> None:
+    """Local disk: temp file, fsync, rename. Object stores: one PUT is already atomic."""
+    fs, path = fsspec.core.url_to_fs(url)
+    if not isinstance(fs, LocalFileSystem):
+        fs.pipe_file(path, data)
+        return
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; outputs are shared with other readers
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_bytes(url: str) -> bytes | None:
+    """The file's bytes, or None if it does not exist."""
+    fs, path = fsspec.core.url_to_fs(url)
+    try:
+        return fs.cat_file(path)
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,151 @@
+"""Status and lease of one output, kept in one small object next to it: `.status.json`.
+
+Status (`RUNNING`, `SUCCESS`, `FAILED`) and lease (holder, token, heartbeat) share one object
+so that every transition is a single compare-and-swap: a holder can mark `SUCCESS` only if
+the object is still the one it last wrote. A holder that lost its lease (someone took over
+after its heartbeat went stale) therefore cannot write a second success mark (Marin #8107).
+
+Stores implement `read()` and `write_if(expected_version, new)`: on a local disk with
+`fcntl.flock` around compare-and-replace; on other fsspec stores best-effort (write, then
+read back) until a store offers conditional writes.
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Protocol
+
+from marin_assets.core.files import atomic_write, read_bytes
+from marin_assets.core.paths import join_path
+
+STATUS_FILE = ".status.json"
+LOCK_FILE = ".status.lock"
+
+
+class Status(str, enum.Enum):
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True)
+class StatusRecord:
+    """The content of `.status.json`."""
+
+    status: Status
+    holder: str
+    """`host:pid:id` of the process that wrote it."""
+    token: str
+    """Unique per lease acquisition; the holder's proof of ownership."""
+    heartbeat: float
+    """Wall-clock time (epoch seconds) of the holder's last renewal."""
+    run_id: str | None = None
+    error: str | None = None
+
+    def is_live(self, stale_timeout: float, now: float | None = None) -> bool:
+        """A RUNNING holder that renewed within `stale_timeout` seconds."""
+        now = time.time() if now is None else now
+        return self.status is Status.RUNNING and now - self.heartbeat < stale_timeout
+
+    def to_bytes(self) -> bytes:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return json.dumps(data, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> StatusRecord:
+        data = json.loads(raw)
+        data["status"] = Status(data["status"])
+        return cls(**data)
+
+    def renewed(self, **changes: Any) -> StatusRecord:
+        return replace(self, heartbeat=time.time(), **changes)
+
+
+def new_holder_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+# An opaque version: the bytes last seen (local), or a generation number (object stores).
+Version = Any
+
+
+class StatusStore(Protocol):
+    def read(self) -> tuple[StatusRecord | None, Version]: ...
+
+    def write_if(self, expected: Version, new: StatusRecord) -> Version | None:
+        """Replace the status if its version is still `expected` (None: must not exist).
+
+        Returns the new version, or None when the precondition failed.
+        """
+        ...
+
+
+class LocalStatusStore:
+    """Compare-and-replace under `fcntl.flock`; readers never see a half-written file."""
+
+    def __init__(self, output_path: str):
+        self.dir = output_path
+        self.path = os.path.join(output_path, STATUS_FILE)
+        self.lock_path = os.path.join(output_path, LOCK_FILE)
+
+    def read(self) -> tuple[StatusRecord | None, Version]:
+        raw = read_bytes(self.path)
+        return (None if raw is None else StatusRecord.from_bytes(raw)), raw
+
+    def write_if(self, expected: Version, new: StatusRecord) -> Version | None:
+        os.makedirs(self.dir, exist_ok=True)
+        payload = new.to_bytes()
+        with open(self.lock_path, "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if read_bytes(self.path) != expected:
+                    return None
+                atomic_write(self.path, payload)
+                return payload
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+class BestEffortStatusStore:
+    """For fsspec stores without conditional writes: write, wait, read back.
+
+    Two writers racing within `settle` seconds can both believe they won; the documented
+    price of a store with neither generations nor `If-Match`.
+    """
+
+    def __init__(self, output_path: str, settle: float = 0.1):
+        self.dir = output_path
+        self.url = join_path(output_path, STATUS_FILE)
+        self.settle = settle
+
+    def read(self) -> tuple[StatusRecord | None, Version]:
+        raw = read_bytes(self.url)
+        return (None if raw is None else StatusRecord.from_bytes(raw)), raw
+
+    def write_if(self, expected: Version, new: StatusRecord) -> Version | None:
+        if self.read()[1] != expected:
+            return None
+        payload = new.to_bytes()
+        atomic_write(self.url, payload)
+        time.sleep(self.settle)
+        return payload if self.read()[1] == payload else None
+
+
+def status_store(output_path: str) -> StatusStore:
+    """The store for an output path: local disk or, for URLs, by protocol."""
+    protocol = output_path.split("://", 1)[0] if "://" in output_path else "file"
+    if protocol in ("file", "local"):
+        return LocalStatusStore(output_path.removeprefix("file://"))
+    return BestEffortStatusStore(output_path)
+
+
+def read_status(output_path: str) -> StatusRecord | None:
+    return status_store(output_path).read()[0]

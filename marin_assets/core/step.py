@@ -1,0 +1,173 @@
+"""Step: a plain description of one pipeline output.
+
+A step is a name, a plain function that writes the output to the path it is given, the steps
+it reads, and the values that change its output. Its identity (`hash`) is computed once, at
+definition time, so that an unencodable attribute or a bad name fails where it was written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from marin_assets.core.identity import UnhashableAttrError, identity_hash
+from marin_assets.core.paths import join_path, storage_prefix
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+class StepDefinitionError(ValueError):
+    """A step is malformed: bad name, unencodable hash_attrs, conflicting definitions."""
+
+
+def validate_name(name: str) -> str:
+    """Names are slash-separated segments of letters, digits, `_`, `-`, `.`; never `..`."""
+    if not isinstance(name, str) or not name:
+        raise StepDefinitionError(f"step name must be a non-empty string, got {name!r}")
+    problem = None
+    if name.startswith("/"):
+        problem = "it starts with '/' (names are relative; use override_output_path for absolute paths)"
+    elif ".." in name:
+        problem = "it contains '..'"
+    elif any(segment == "" for segment in name.split("/")):
+        problem = "it has an empty segment ('//' or a trailing '/')"
+    else:
+        bad = [s for s in name.split("/") if not _SEGMENT.match(s)]
+        if bad:
+            problem = (
+                f"segment {bad[0]!r} is not letters, digits, '_', '-' or '.' starting with a"
+                " letter, digit or '_'"
+            )
+    if problem:
+        raise StepDefinitionError(f"invalid step name {name!r}: {problem}")
+    return name
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a step needs to run. Not part of identity: hardware does not change the output."""
+
+    cpu: float = 1.0
+    """CPU cores for the step's function."""
+    memory_gb: float | None = None
+    """Memory in GiB to reserve, or None for no reservation."""
+    gpu: float = 0.0
+    """Number of GPUs."""
+    gpu_type: str | None = None
+    """Accelerator type of the GPUs (e.g. `H100`), or None for any."""
+    tpu_type: str | None = None
+    """TPU slice type (e.g. `v4-8`, `v5e-16`), or None for no TPU."""
+    tpu_count: int = 0
+    """TPU chips per host (Ray's `{"TPU": n}`); 0 means the whole host when `tpu_type` is set."""
+
+    def __post_init__(self) -> None:
+        if self.cpu < 0 or self.gpu < 0 or self.tpu_count < 0:
+            raise StepDefinitionError(f"resource counts must be non-negative: {self}")
+        if self.memory_gb is not None and self.memory_gb <= 0:
+            raise StepDefinitionError(f"memory_gb must be positive: {self}")
+        if self.tpu_count and not self.tpu_type:
+            raise StepDefinitionError(f"tpu_count={self.tpu_count} needs a tpu_type: {self}")
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One output of the pipeline, served as one Dagster asset."""
+
+    name: str
+    """Readable, slash-separated (`raw/tinystories`); becomes the asset key."""
+    fn: Callable[[str], Any] = field(repr=False)
+    """Plain function writing the output under the path it receives; may return a typed result."""
+    deps: Sequence[Step] = ()
+    """Steps whose outputs `fn` reads."""
+    hash_attrs: Mapping[str, Any] = field(default_factory=dict)
+    """Every value that changes the output."""
+    resources: Resources = Resources()
+    """What `fn` needs to run."""
+    override_output_path: str | None = None
+    """Adopt an existing location: relative → under the prefix, absolute or URL → as-is."""
+    kind: str = "python"
+    """What sort of step this is (download, tokenize, train, eval…): the asset's kind tag."""
+    description: str | None = None
+    """Shown in the UI; defaults to the docstring of `fn` (or of the function it wraps)."""
+
+    def __post_init__(self) -> None:
+        validate_name(self.name)
+        if not callable(self.fn):
+            raise StepDefinitionError(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
+        deps = tuple(self.deps)
+        for dep in deps:
+            if not isinstance(dep, Step):
+                raise StepDefinitionError(
+                    f"step {self.name!r}: deps must be Steps, got {type(dep).__name__} {dep!r}"
+                )
+        object.__setattr__(self, "deps", deps)
+        if not isinstance(self.hash_attrs, Mapping):
+            raise StepDefinitionError(f"step {self.name!r}: hash_attrs must be a mapping")
+        try:
+            digest = identity_hash(self.name, self.hash_attrs, [d.name_with_hash for d in deps])
+        except UnhashableAttrError as e:
+            raise StepDefinitionError(f"step {self.name!r}: {e}") from None
+        object.__setattr__(self, "_hash", digest)
+
+    @property
+    def hash(self) -> str:
+        """8 hex chars identifying exactly what produces this output."""
+        return self._hash  # type: ignore[attr-defined]
+
+    @property
+    def name_with_hash(self) -> str:
+        return f"{self.name}_{self.hash}"
+
+    @property
+    def output_path(self) -> str:
+        """Where the output lives under the current storage prefix."""
+        return self.output_path_under(storage_prefix())
+
+    def output_path_under(self, prefix: str) -> str:
+        override = self.override_output_path
+        if override is None:
+            return join_path(prefix, self.name_with_hash)
+        if override.startswith("/") or "://" in override:
+            return override.rstrip("/")
+        return join_path(prefix, override)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Step) and (self.name, self.hash) == (other.name, other.hash)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.hash))
+
+
+def walk(steps: Sequence[Step]) -> list[Step]:
+    """All steps reachable from `steps`, dependencies first, each identity once.
+
+    Two different steps (different hashes) with one name are an error: they would be one
+    asset key with two meanings.
+    """
+    order: list[Step] = []
+    seen: dict[str, Step] = {}
+    visiting: set[int] = set()
+
+    def visit(step: Step) -> None:
+        known = seen.get(step.name)
+        if known is not None:
+            if known.hash != step.hash:
+                raise StepDefinitionError(
+                    f"two different steps are named {step.name!r} (hashes {known.hash} and"
+                    f" {step.hash}); give them different names"
+                )
+            return
+        if id(step) in visiting:  # pragma: no cover - frozen steps cannot form cycles
+            raise StepDefinitionError(f"dependency cycle through {step.name!r}")
+        visiting.add(id(step))
+        for dep in step.deps:
+            visit(dep)
+        visiting.discard(id(step))
+        seen[step.name] = step
+        order.append(step)
+
+    for step in steps:
+        visit(step)
+    return order

@@ -1,0 +1,1 @@
+"""Experiments: lists of steps built with the pipeline library's factories."""

@@ -1,0 +1,1 @@
+"""The pipeline library: plain functions that write an output, and factories returning steps."""

@@ -1,0 +1,5 @@
+"""Dagster resources: the settings of where outputs live and where work runs."""
+
+from resources.storage import StorageResource
+
+__all__ = ["StorageResource"]

@@ -1,0 +1,35 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from marin_assets.core.lease import LeaseSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+FAST = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.5, poll_interval=0.05)
+
+
+@pytest.fixture
+def prefix(tmp_path, monkeypatch):
+    """A fresh storage prefix, also exported as MARIN_PREFIX."""
+    p = tmp_path / "outputs"
+    monkeypatch.setenv("MARIN_PREFIX", str(p))
+    return str(p)
+
+
+@pytest.fixture
+def dagster_home(tmp_path, monkeypatch):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return home
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env

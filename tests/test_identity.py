@@ -1,0 +1,91 @@
+"""Canonical encoding and identity: deterministic, strict, prefix-free."""
+
+import dataclasses
+import enum
+import json
+import pathlib
+import subprocess
+import sys
+
+import pydantic
+import pytest
+
+from marin_assets.core.identity import UnhashableAttrError, canonical, canonical_json, identity_hash
+from tests.conftest import subprocess_env
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+@dataclasses.dataclass(frozen=True)
+class Opt:
+    lr: float
+    betas: tuple[float, float] = (0.9, 0.95)
+
+
+class Model(pydantic.BaseModel):
+    hidden: int
+    layers: int = 2
+
+
+def test_supported_values_encode_to_plain_json():
+    value = {
+        "opt": Opt(lr=3e-4),
+        "model": Model(hidden=128),
+        "color": Color.RED,
+        "path": pathlib.Path("/data/x"),
+        "tags": {"b", "a", "c"},
+        "tuple": (1, 2),
+        "none": None,
+    }
+    assert canonical(value) == {
+        "opt": {"lr": 3e-4, "betas": [0.9, 0.95]},
+        "model": {"hidden": 128, "layers": 2},
+        "color": "red",
+        "path": "/data/x",
+        "tags": ["a", "b", "c"],
+        "tuple": [1, 2],
+        "none": None,
+    }
+    assert json.loads(canonical_json(value))["tags"] == ["a", "b", "c"]
+
+
+def test_key_order_does_not_matter():
+    assert identity_hash("x", {"a": 1, "b": 2}, []) == identity_hash("x", {"b": 2, "a": 1}, [])
+
+
+def test_dep_order_does_not_matter_but_deps_do():
+    h = identity_hash("x", {}, ["a_1", "b_2"])
+    assert h == identity_hash("x", {}, ["b_2", "a_1"])
+    assert h != identity_hash("x", {}, ["a_1", "b_3"])
+    assert len(h) == 8 and int(h, 16) >= 0
+
+
+def test_hash_is_the_same_in_another_process_with_another_hash_seed():
+    code = ("from marin_assets.core.identity import identity_hash;"
+            "print(identity_hash('n', {'s': {'x', 'y', 'z', 'w'}, 'd': {'k': 1.5}}, ['a_1']))")
+    outs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env=subprocess_env(PYTHONHASHSEED=str(seed))).stdout.strip()
+        for seed in (1, 2, 3)
+    }
+    assert outs == {identity_hash("n", {"s": {"x", "y", "z", "w"}, "d": {"k": 1.5}}, ["a_1"])}
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ({"fn": len}, "hash_attrs['fn'] is a callable"),
+        ({"fn": lambda x: x}, "is a callable"),
+        ({"obj": object()}, "hash_attrs['obj'] is a builtins.object with no stable encoding"),
+        ({"nested": {"deep": [1, object()]}}, "hash_attrs['nested']['deep'][1]"),
+        ({"x": float("nan")}, "has no JSON encoding"),
+        ({"m": {1: "a"}}, "keys must be strings"),
+        ({"b": b"bytes"}, "no stable encoding"),
+    ],
+)
+def test_values_without_a_stable_encoding_are_errors(value, fragment):
+    with pytest.raises(UnhashableAttrError, match=None) as e:
+        canonical(value)
+    assert fragment in str(e.value)
