@@ -30,9 +30,14 @@ STORAGE_KEY = "storage"
 
 
 class StepConfig(dg.Config):
-    """Per-materialization settings of a step asset."""
+    """Per-materialization settings of a step asset (`ops: {op: {config: {...}}}` in run config)."""
 
     force: bool = Field(default=False, description="Recompute even if a successful output exists (rewrites it).")
+
+
+# Built once and shared by every step asset: inferring a schema per asset is most of the
+# load time of a large graph (bench/adapter_overhead.py).
+_STEP_CONFIG_SCHEMA = StepConfig.to_config_schema()
 
 
 def asset_key(step: Step) -> dg.AssetKey:
@@ -97,13 +102,17 @@ def outcome_metadata(outcome: StepOutcome) -> dict[str, Any]:
 def step_asset(step: Step) -> dg.AssetsDefinition:
     """The Dagster asset serving one step."""
 
-    def body(context: dg.AssetExecutionContext, config: StepConfig, storage: StorageResource) -> dg.MaterializeResult:
-        prefix, settings = storage_settings(storage)
+    def body() -> dg.MaterializeResult:
+        # The context by accessor, not parameter: Dagster inspects every asset function's
+        # parameters at definition time, a measurable share of loading 1000 assets.
+        context = dg.AssetExecutionContext.get()
+        config = StepConfig(**context.op_execution_context.op_config)
+        prefix, settings = storage_settings(getattr(context.resources, STORAGE_KEY))
         outcome = materialize_step(
             step,
             prefix=prefix,
             settings=settings,
-            run_id=context.run_id,
+            run_id=context.run.run_id,
             force=config.force or forced_by_tag(context.run.tags, step),
             log=context.log,
         )
@@ -118,7 +127,8 @@ def step_asset(step: Step) -> dg.AssetsDefinition:
         group_name=group_name(step),
         kinds={step.kind},
         description=describe(step),
-        metadata={"name_with_hash": step.name_with_hash},
+        config_schema=_STEP_CONFIG_SCHEMA,
+        required_resource_keys={STORAGE_KEY},
     )(body)
 
 
