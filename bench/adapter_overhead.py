@@ -63,8 +63,9 @@ def plain_definitions(n_assets: int):
         def body() -> None:
             return None
 
-        assets.append(dg.asset(key=dg.AssetKey(name.split("/")), deps=[dg.AssetKey(parent.split("/"))] if parent else [],
-                               code_version=version, group_name=name.split("/")[0])(body))
+        deps = [dg.AssetKey(parent.split("/"))] if parent else []
+        assets.append(dg.asset(key=dg.AssetKey(name.split("/")), deps=deps, code_version=version,
+                               group_name=name.split("/")[0])(body))
     return dg.Definitions(assets=assets)
 
 
@@ -92,7 +93,8 @@ def measure_load(n_assets: int = 1000, reps: int = 7) -> dict:
             out = subprocess.run([sys.executable, __file__, "load", kind, str(n_assets)], cwd=ROOT,
                                  capture_output=True, text=True, check=True)
             samples[kind].append(float(out.stdout.strip().splitlines()[-1]))
-    return summarize("load of a %d-asset graph: adapter ÷ plain @asset" % n_assets, samples["adapter"], samples["plain"], goal=1.2)
+    return summarize(f"load of a {n_assets}-asset graph: adapter ÷ plain @asset",
+                     samples["adapter"], samples["plain"], goal=1.2)
 
 
 def measure_cached_materialize(n_assets: int = 30, reps: int = 5) -> dict:
@@ -113,10 +115,12 @@ def measure_cached_materialize(n_assets: int = 30, reps: int = 5) -> dict:
                 samples[kind].append(time.perf_counter() - start)
                 assert result.success
                 if kind == "ours":
-                    cached = {e.materialization.metadata["cached"].value for e in result.get_asset_materialization_events()}
+                    events = result.get_asset_materialization_events()
+                    cached = {e.materialization.metadata["cached"].value for e in events}
                     assert cached == {True}, "benchmark graph was not all cached"
         instance.dispose()
-    return summarize("re-materialize a cached %d-asset graph ÷ no-op assets" % n_assets, samples["ours"], samples["plain"], goal=1.1)
+    return summarize(f"re-materialize a cached {n_assets}-asset graph ÷ no-op assets",
+                     samples["ours"], samples["plain"], goal=1.1)
 
 
 def summarize(name: str, ours: list[float], reference: list[float], goal: float) -> dict:

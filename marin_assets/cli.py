@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
 from typing import Any
 
 import dagster as dg
@@ -19,7 +20,7 @@ import dagster as dg
 from marin_assets.core.adapter import STORAGE_KEY, steps_of, storage_settings
 from marin_assets.core.plan import PreviousMaterialization, plan
 from marin_assets.core.status import read_status
-from marin_assets.core.step import Step
+from marin_assets.core.step import Step, walk
 from resources.storage import StorageResource
 
 
@@ -45,7 +46,9 @@ def load_definitions(file: str | None, module: str | None) -> dg.Definitions:
 def selected_steps(defs: dg.Definitions, select: str) -> tuple[dict[str, Step], set[str]]:
     """Steps by name, and the names the selection (Dagster's CLI syntax) picks."""
     by_key = steps_of(defs)
-    keys = dg.AssetSelection.from_coercible(select.split(",")).resolve(defs.resolve_asset_graph())
+    with warnings.catch_warnings():  # `*` goes through a beta code path of Dagster's parser
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        keys = dg.AssetSelection.from_coercible(select.split(",")).resolve(defs.resolve_asset_graph())
     steps = {s.name: s for s in by_key.values()}
     return steps, {by_key[k].name for k in keys if k in by_key}
 
@@ -103,8 +106,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     prefix, _ = storage_settings(storage_of(defs))
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else None
     rows: list[dict[str, Any]] = []
-    for name in sorted(chosen):
-        step = steps[name]
+    for step in walk([steps[name] for name in chosen]):
+        name = step.name
         out = step.output_path_under(prefix)
         status = read_status(out)
         row: dict[str, Any] = {"asset_key": name, "status": status.status.value if status else None,

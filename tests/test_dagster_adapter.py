@@ -115,3 +115,8 @@ def test_dagster_cli_materializes_into_a_real_dagster_home(prefix, dagster_home)
     assert {r["asset_key"]: (r["status"], r["cached"]) for r in status} == {
         "hello/numbers": ("SUCCESS", True), "hello/stats": ("SUCCESS", True), "hello/report": ("SUCCESS", True)}
     assert all(os.path.isdir(r["output_path"]) and r["output_path"].startswith(prefix) for r in status)
+
+
+def test_workspace_yaml_loads_the_project_definitions(dagster_home):
+    out = run_cli(BIN / "dagster", "definitions", "validate", "-w", "workspace.yaml", env=subprocess_env())
+    assert "Validation successful for code location marin_assets" in out.stdout + out.stderr

@@ -52,7 +52,10 @@ def test_override_output_path_bypasses_the_hash(prefix):
     assert url.output_path == "gs://bucket/data"
 
 
-@pytest.mark.parametrize("name", ["../escape", "a/../b", "/abs/path", "a//b", "a/", "", "a b", "-lead", ".hidden", "a/b!"])
+BAD_NAMES = ["../escape", "a/../b", "/abs/path", "a//b", "a/", "", "a b", "-lead", ".hidden", "a/b!"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_names_fail_at_definition_time(name):
     with pytest.raises(StepDefinitionError, match="invalid step name|non-empty"):
         make(name)

@@ -15,11 +15,12 @@ from typing import Any
 
 import fsspec
 
+from marin_assets.core.identity import canonical
 from marin_assets.core.lease import Cached, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.paths import normalize_prefix, storage_prefix, using_prefix
 from marin_assets.core.provenance import current_provenance
 from marin_assets.core.record import ArtifactRecord, read_record, to_jsonable, type_name, write_record
-from marin_assets.core.status import LOCK_FILE, STATUS_FILE, Status, read_status, status_store
+from marin_assets.core.status import LOCK_FILE, STATUS_FILE, Status, StatusRecord, read_status, status_store
 from marin_assets.core.step import Step
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def materialize_step(
         return StepOutcome(step, out, record, cached=True,
                            duration_s=time.monotonic() - started, waited_s=lease.waited_s)
 
-    took_over = _describe_takeover(lease.took_over, settings, force)
+    took_over = _describe_takeover(lease.took_over)
     if took_over:
         log.info(f"{step.name}: taking over {out} ({took_over})")
     try:
@@ -105,7 +106,7 @@ def materialize_step(
         record = ArtifactRecord(
             name=step.name,
             hash=step.hash,
-            hash_attrs=_canonical_attrs(step),
+            hash_attrs=canonical(step.hash_attrs),
             deps=[d.name_with_hash for d in step.deps],
             output_path=out,
             result=result_json,
@@ -129,12 +130,6 @@ def materialize_step(
         raise
     return StepOutcome(step, out, record, cached=False, duration_s=time.monotonic() - started,
                        waited_s=lease.waited_s, took_over=took_over)
-
-
-def _canonical_attrs(step: Step) -> dict[str, Any]:
-    from marin_assets.core.identity import canonical
-
-    return canonical(step.hash_attrs)
 
 
 def _wait_for_deps(step: Step, prefix: str, settings: LeaseSettings, log: Any) -> None:
@@ -163,7 +158,7 @@ def _wait_for_deps(step: Step, prefix: str, settings: LeaseSettings, log: Any) -
             )
 
 
-def _describe_takeover(previous, settings: LeaseSettings, force: bool) -> str | None:
+def _describe_takeover(previous: StatusRecord | None) -> str | None:
     if previous is None:
         return None
     if previous.status is Status.SUCCESS:
