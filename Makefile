@@ -11,7 +11,7 @@ export RAY_AUTH_MODE ?= disabled
 
 .PHONY: install demo test dev bench lock clean
 
-install: $(STAMP)
+install: $(STAMP) .env
 
 $(STAMP): requirements.lock pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "marin-assets needs Python 3.11"'
@@ -19,6 +19,14 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
+
+# Dagster's CLI loads ./.env before its instance: plain `.venv/bin/dagster dev` or
+# `dagster asset materialize` from the root then use the project-local instance too
+# (an exported DAGSTER_HOME still wins).
+.env:
+	mkdir -p .dagster_home
+	test -f .dagster_home/dagster.yaml || printf 'telemetry:\n  enabled: false\n' > .dagster_home/dagster.yaml
+	printf 'DAGSTER_HOME=$${DAGSTER_HOME:-%s}\n' "$(CURDIR)/.dagster_home" > $@
 
 $(DAGSTER_HOME)/dagster.yaml:
 	mkdir -p $(DAGSTER_HOME)

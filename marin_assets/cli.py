@@ -16,6 +16,7 @@ import warnings
 from typing import Any
 
 import dagster as dg
+from dotenv import dotenv_values
 
 from marin_assets.core.adapter import STORAGE_KEY, steps_of, storage_settings
 from marin_assets.core.plan import PreviousMaterialization, plan
@@ -128,7 +129,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_dotenv_like_dagster() -> None:
+    """Read ./.env as Dagster's CLI does, so both find the same DAGSTER_HOME."""
+    if os.path.exists(".env"):
+        os.environ.update({k: v for k, v in dotenv_values(".env").items() if v is not None})
+
+
 def main(argv: list[str] | None = None) -> int:
+    load_dotenv_like_dagster()
     parser = argparse.ArgumentParser(prog="marin-assets", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, help_ in (("plan", cmd_plan, "what materializing a selection would do, and why"),
