@@ -137,3 +137,23 @@ def test_plan_reports_wait_for_a_live_holder(prefix):
     finally:
         lease.finish(Status.FAILED, "test")
     assert not os.path.exists(stats.output_path)  # plan is read-only
+
+
+def test_a_url_prefix_goes_through_fsspec(monkeypatch):
+    import fsspec
+
+    calls = []
+
+    def fn(output_path):
+        calls.append(output_path)
+        with fsspec.open(f"{output_path}/data.txt", "w") as f:
+            f.write("hello")
+        return {"bytes": 5}
+
+    step = Step(name="t/remote", fn=fn, hash_attrs={"v": 1})
+    first = materialize_step(step, prefix="memory://bucket/run", settings=FAST)
+    second = materialize_step(step, prefix="memory://bucket/run", settings=FAST)
+    assert first.output_path == f"memory://bucket/run/t/remote_{step.hash}"
+    assert (first.cached, second.cached, len(calls)) == (False, True, 1)
+    assert read_status(first.output_path).status is Status.SUCCESS
+    assert read_record(first.output_path).result == {"bytes": 5}
