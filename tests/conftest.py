@@ -33,3 +33,25 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env.update(extra)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One embedded Ray for the in-process tests (resources reuse an initialized Ray)."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
+    yield ray
+    ray.shutdown()
+
+
+def record_call(events_file: str, fn, output_path: str):
+    """Append the worker's pid to `events_file`, then run `fn`: counts calls across processes."""
+    with open(events_file, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return fn(output_path)
+
+
+def calls(events_file) -> list[int]:
+    return [int(x) for x in Path(events_file).read_text().split()] if Path(events_file).exists() else []

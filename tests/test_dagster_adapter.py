@@ -1,5 +1,6 @@
 """Steps served as Dagster assets, materialized in process and through the real CLI."""
 
+import functools
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ from marin_assets.core.adapter import step_of, steps_of
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.hello import Stats, numbers_step, stats_step
 from resources import StorageResource
-from tests.conftest import BIN, ROOT, subprocess_env
+from tests.conftest import BIN, ROOT, calls, record_call, subprocess_env
 
 
 def hello(n=20):
@@ -47,10 +48,10 @@ def materialized(result):
     return {e.asset_key.to_user_string(): e.materialization for e in result.get_asset_materialization_events()}
 
 
-def test_materialize_then_cache_hit_with_metadata_and_data_version(prefix):
-    calls = []
+def test_materialize_then_cache_hit_with_metadata_and_data_version(prefix, local_ray, tmp_path):
+    events = str(tmp_path / "events")
     numbers, stats = hello()
-    counted = Step(name="hello/numbers", fn=lambda out: (calls.append(out), numbers.fn(out))[1],
+    counted = Step(name="hello/numbers", fn=functools.partial(record_call, events, numbers.fn),
                    hash_attrs=numbers.hash_attrs)
     defs = build_definitions([stats_step("hello/stats", counted)],
                              resources={"storage": StorageResource(stale_timeout=5, heartbeat_interval=1)})
@@ -58,7 +59,7 @@ def test_materialize_then_cache_hit_with_metadata_and_data_version(prefix):
     instance = dg.DagsterInstance.ephemeral()
     first = materialized(job.execute_in_process(instance=instance))
     second = materialized(job.execute_in_process(instance=instance))
-    assert len(calls) == 1
+    assert len(calls(events)) == 1 and calls(events)[0] != os.getpid()  # ran once, in a Ray worker
     assert first["hello/stats"].metadata["cached"].value is False
     assert {m.metadata["cached"].value for m in second.values()} == {True}
     md = first["hello/stats"].metadata
@@ -70,21 +71,21 @@ def test_materialize_then_cache_hit_with_metadata_and_data_version(prefix):
     assert load_result(stats, Stats).count == 20
 
 
-def test_force_by_config_and_by_run_tag_recomputes(prefix):
-    calls = []
-    step = Step(name="t/forced", fn=lambda out: calls.append(out))
+def test_force_by_config_and_by_run_tag_recomputes(prefix, local_ray, tmp_path):
+    events = str(tmp_path / "events")
+    step = Step(name="t/forced", fn=functools.partial(record_call, events, lambda out: None))
     job = build_definitions([step]).resolve_implicit_global_asset_job_def()
     job.execute_in_process()
     job.execute_in_process()
-    assert len(calls) == 1
+    assert len(calls(events)) == 1
     res = job.execute_in_process(run_config={"ops": {"t__forced": {"config": {"force": True}}}})
-    assert len(calls) == 2 and materialized(res)["t/forced"].metadata["cached"].value is False
+    assert len(calls(events)) == 2 and materialized(res)["t/forced"].metadata["cached"].value is False
     job.execute_in_process(tags={FORCE_TAG: "t/forced"})
     job.execute_in_process(tags={FORCE_TAG: "other/asset"})
-    assert len(calls) == 3
+    assert len(calls(events)) == 3
 
 
-def test_failed_step_fails_the_run_with_the_original_error(prefix):
+def test_failed_step_fails_the_run_with_the_original_error(prefix, local_ray):
     step = Step(name="t/bad", fn=lambda out: 1 / 0)
     result = build_definitions([step]).resolve_implicit_global_asset_job_def().execute_in_process(raise_on_error=False)
     assert not result.success

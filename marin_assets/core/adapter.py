@@ -20,6 +20,8 @@ from marin_assets.core.execute import StepOutcome, materialize_step
 from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.paths import default_prefix
 from marin_assets.core.step import Step, walk
+from marin_assets.core.ray_execution import ray_runner
+from resources.ray import RayResource
 from resources.storage import StorageResource
 
 FORCE_TAG = "marin/force"
@@ -27,6 +29,7 @@ FORCE_TAG = "marin/force"
 (`hello/stats,hello/numbers`) recomputes those."""
 
 STORAGE_KEY = "storage"
+RAY_KEY = "ray"
 
 
 class StepConfig(dg.Config):
@@ -114,6 +117,7 @@ def step_asset(step: Step) -> dg.AssetsDefinition:
             settings=settings,
             run_id=context.run.run_id,
             force=config.force or forced_by_tag(context.run.tags, step),
+            run_fn=ray_runner(getattr(context.resources, RAY_KEY), context.log),
             log=context.log,
         )
         return dg.MaterializeResult(metadata=outcome_metadata(outcome), data_version=dg.DataVersion(step.hash))
@@ -128,7 +132,7 @@ def step_asset(step: Step) -> dg.AssetsDefinition:
         kinds={step.kind},
         description=describe(step),
         config_schema=_STEP_CONFIG_SCHEMA,
-        required_resource_keys={STORAGE_KEY},
+        required_resource_keys={STORAGE_KEY, RAY_KEY},
     )(body)
 
 
@@ -142,8 +146,13 @@ def build_definitions(
     resources: Mapping[str, Any] | None = None,
     **definitions_kwargs: Any,
 ) -> dg.Definitions:
-    """`Definitions` serving `steps`, with a default `StorageResource` unless one is given."""
-    all_resources = {STORAGE_KEY: StorageResource(), **(resources or {})}
+    """`Definitions` serving `steps`, with default storage and Ray resources unless given.
+
+    The default executor runs a run's steps in one process, so the run shares one embedded
+    Ray (started on first use, stopped at the end); the work itself runs on Ray workers.
+    """
+    all_resources = {STORAGE_KEY: StorageResource(), RAY_KEY: RayResource(), **(resources or {})}
+    definitions_kwargs.setdefault("executor", dg.in_process_executor)
     return dg.Definitions(assets=build_assets(steps), resources=all_resources, **definitions_kwargs)
 
 

@@ -8,6 +8,7 @@ default, a Ray task when an execution resource supplies one.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,8 +26,9 @@ from marin_assets.core.step import Step
 
 logger = logging.getLogger(__name__)
 
-RunFn = Callable[[Step, str, str], Any]
-"""`run_fn(step, output_path, prefix) -> result`: runs `step.fn(output_path)` somewhere."""
+RunFn = Callable[[Step, str, str, threading.Event], Any]
+"""`run_fn(step, output_path, prefix, stop) -> result`: runs `step.fn(output_path)` somewhere,
+stopping early (raising) if it can when `stop` is set — the lease was lost."""
 
 
 class DependencyNotReadyError(RuntimeError):
@@ -52,8 +54,12 @@ class StepOutcome:
     """What this run replaced: e.g. `stale RUNNING by host:pid:id`, `FAILED`, `forced SUCCESS`."""
 
 
-def run_in_process(step: Step, output_path: str, prefix: str) -> Any:
-    """Call the step's function here, with the prefix in effect for its deps' paths."""
+def run_in_process(step: Step, output_path: str, prefix: str, stop: threading.Event | None = None) -> Any:
+    """Call the step's function here, with the prefix in effect for its deps' paths.
+
+    A thread cannot be stopped from outside, so `stop` is not watched here; a lost lease is
+    still caught before anything is committed.
+    """
     with using_prefix(prefix):
         return step.fn(output_path)
 
@@ -95,7 +101,7 @@ def materialize_step(
             _clear_output(out)
         lease.start_heartbeat()
         fn_started = time.monotonic()
-        result = run_fn(step, out, prefix)
+        result = run_fn(step, out, prefix, lease.lost)
         fn_duration = time.monotonic() - fn_started
         try:
             result_json = to_jsonable(result)

@@ -1,0 +1,124 @@
+"""Ray: where step functions run. An embedded local Ray by default, a cluster by address.
+
+Connection is lazy: a run whose assets are all cached never starts Ray. An embedded Ray is
+sized for the machine (all cores, a small object store, no dashboard, no token auth, its
+session files under a temp folder rather than the home folder) and shut down at the end of
+the run; a cluster connection is only disconnected.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import Field, PrivateAttr
+
+# Environment variables a step commonly needs, forwarded to workers when set here.
+FORWARDED_ENV = (
+    "JAX_PLATFORMS", "XLA_FLAGS", "LIBTPU_INIT_ARGS",
+    "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT", "HF_HOME",
+    "TOKENIZERS_PARALLELISM", "WANDB_MODE", "MARIN_PREFIX", "STORAGE_EMULATOR_HOST",
+)
+
+
+class RayResource(ConfigurableResource):
+    """Where step functions run; see README "Execution on Ray" for the resource mapping."""
+
+    address: str | None = Field(
+        default=None,
+        description="None: start an embedded local Ray. 'auto', 'ray://host:10001' or 'host:6379': a cluster.",
+    )
+    num_cpus: int | None = Field(default=None, description="Embedded Ray only: CPUs (default: all cores).")
+    object_store_mb: int | None = Field(
+        default=None, description="Embedded Ray only: object store size (default: 10% of RAM, 256 MiB–2 GiB)."
+    )
+    custom_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Embedded Ray only: extra node resources, e.g. to imitate a TPU host in tests.",
+    )
+    runtime_env: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to ray.init: env_vars, working_dir, py_modules, pip…"
+    )
+    env_vars: dict[str, str] = Field(default_factory=dict, description="Extra environment for every step's worker.")
+    fail_fast: bool = Field(
+        default=True,
+        description="Reject at once a request no node can ever satisfy. Turn off on autoscaling clusters.",
+    )
+    temp_dir: str | None = Field(
+        default=None, description="Embedded Ray only: session folder root (default: <tmp>/marin-ray-<uid>)."
+    )
+    keep_session_logs: bool = Field(default=False, description="Embedded Ray only: keep worker logs after shutdown.")
+
+    _started_here: bool = PrivateAttr(default=False)
+    _session_dir: str | None = PrivateAttr(default=None)
+
+    @property
+    def embedded(self) -> bool:
+        return self.address is None
+
+    def worker_env(self) -> dict[str, str]:
+        """What every step's worker gets: forwarded variables, then `env_vars`."""
+        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+        env.update(self.runtime_env.get("env_vars", {}))
+        env.update(self.env_vars)
+        return env
+
+    def connect(self) -> None:
+        """Start or join Ray once per process; reuse a Ray someone else initialized."""
+        import ray
+
+        if ray.is_initialized():
+            return
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        runtime_env = {k: v for k, v in self.runtime_env.items() if k != "env_vars"}
+        runtime_env["env_vars"] = self.worker_env()
+        options: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": False}
+        if self.embedded:
+            options.update(
+                num_cpus=self.num_cpus or os.cpu_count(),
+                object_store_memory=(self.object_store_mb * 2**20) if self.object_store_mb else _default_object_store(),
+                resources=dict(self.custom_resources) or None,
+                include_dashboard=False,
+                _temp_dir=self.temp_dir or os.path.join(tempfile.gettempdir(), f"marin-ray-{os.getuid()}"),
+            )
+            ray.init(**options)
+            self._session_dir = _session_dir()
+        else:
+            ray.init(address=self.address, **options)
+        self._started_here = True
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the embedded Ray (or leave the cluster) if this resource started it."""
+        if not self._started_here:
+            return
+        import ray
+
+        ray.shutdown()
+        self._started_here = False
+        if self._session_dir and not self.keep_session_logs:
+            shutil.rmtree(self._session_dir, ignore_errors=True)
+            latest = os.path.join(os.path.dirname(self._session_dir), "session_latest")
+            if os.path.islink(latest) and not os.path.exists(latest):
+                os.unlink(latest)
+        self._session_dir = None
+
+
+def _default_object_store() -> int:
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(min(max(total * 0.10, 256 * 2**20), 2 * 2**30))
+
+
+def _session_dir() -> str | None:
+    try:
+        import ray
+
+        return ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001
+    except Exception:  # best effort: only used to tidy up
+        return None

@@ -1,0 +1,30 @@
+"""Step functions for the cluster tests, importable by the Ray head's workers."""
+
+import os
+import time
+
+
+def where(output_path):
+    """Which cluster ran me: the head's workers carry MARIN_TEST_HEAD."""
+    return {"head": os.environ.get("MARIN_TEST_HEAD"), "pid": os.getpid()}
+
+
+def sleepy(output_path):
+    """Announce my pid, then work for a minute (long enough to be interrupted)."""
+    pid_dir = os.environ["PID_DIR"]
+    with open(os.path.join(pid_dir, "sleepy.pid.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(pid_dir, "sleepy.pid.tmp"), os.path.join(pid_dir, "sleepy.pid"))
+    time.sleep(60)
+    open(os.path.join(pid_dir, "sleepy.done"), "w").close()
+
+
+def on_each_host(output_path):
+    """What every host of a TPU slice runs: note this host, report the TPU chips Ray gave it."""
+    import ray
+
+    os.makedirs(output_path, exist_ok=True)
+    open(os.path.join(output_path, f"host-{os.getpid()}"), "w").close()
+    ids = ray.get_runtime_context().get_accelerator_ids().get("TPU", [])
+    hosts = len([n for n in os.listdir(output_path) if n.startswith("host-")])
+    return {"tpu_ids": ids, "hosts_seen": hosts, "pod": os.environ.get("TPU_NAME")}

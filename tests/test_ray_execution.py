@@ -1,0 +1,164 @@
+"""Steps on a real local Ray: workers, CPU requests, env, fail-fast, tracebacks, live logs."""
+
+import functools
+import json
+import logging
+import os
+import threading
+import time
+
+import dagster as dg
+import pytest
+
+from marin_assets import Resources, Step, build_definitions
+from marin_assets.core.execute import materialize_step
+from marin_assets.core.lease import LeaseLostError
+from marin_assets.core.ray_execution import InfeasibleRequestError, RayRequest, RemoteTraceback, run_on_ray
+from marin_assets.core.status import Status, read_status
+from resources import RayResource
+from tests.conftest import FAST
+
+log = logging.getLogger("test")
+
+
+def ray_fn(resource=None):
+    resource = resource or RayResource()
+    return lambda step, out, prefix, stop: run_on_ray(step, out, prefix, stop, resource, log)
+
+
+def report_env(output_path):
+    return {"pid": os.getpid(), "flag": os.environ.get("MARIN_TEST_FLAG"), "prefix": os.environ.get("MARIN_PREFIX"),
+            "jax": os.environ.get("JAX_PLATFORMS")}
+
+
+def test_step_runs_in_a_ray_worker_and_gets_its_environment(prefix, local_ray, monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    step = Step(name="ray/env", fn=report_env)
+    outcome = materialize_step(step, settings=FAST, run_fn=ray_fn(RayResource(env_vars={"MARIN_TEST_FLAG": "on"})))
+    result = outcome.record.result
+    assert result["pid"] != os.getpid()
+    assert result == {"pid": result["pid"], "flag": "on", "prefix": prefix, "jax": "cpu"}
+
+
+def interval(seconds, output_path):
+    start = time.time()
+    time.sleep(seconds)
+    return [start, time.time()]
+
+
+def run_concurrently(steps):
+    results = {}
+
+    def go(step):
+        results[step.name] = materialize_step(step, settings=FAST, run_fn=ray_fn()).record.result
+
+    threads = [threading.Thread(target=go, args=(s,)) for s in steps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return [results[s.name] for s in steps]
+
+
+def overlap(a, b):
+    return min(a[1], b[1]) - max(a[0], b[0])
+
+
+def test_requested_cpus_are_honoured(prefix, local_ray):
+    two_cpu = [Step(name=f"ray/two-cpu-{i}", fn=functools.partial(interval, 1.5), resources=Resources(cpu=2))
+               for i in range(2)]
+    one_cpu = [Step(name=f"ray/one-cpu-{i}", fn=functools.partial(interval, 3.0), resources=Resources(cpu=1))
+               for i in range(2)]
+    a, b = run_concurrently(two_cpu)
+    assert overlap(a, b) <= 0, "two 2-CPU steps ran at once on a 2-CPU Ray"
+    c, d = run_concurrently(one_cpu)
+    assert overlap(c, d) > 0.5, "two 1-CPU steps should share a 2-CPU Ray"
+
+
+@pytest.mark.parametrize(
+    "resources, needs",
+    [
+        (Resources(cpu=8), "needs {CPU=8} on one node"),
+        (Resources(cpu=1, memory_gb=100_000), "memory=100000.0GiB"),
+        (Resources(gpu=1), "GPU=1"),
+        (Resources(tpu_type="v4-8"), "TPU-v4-8-head=1"),
+        (Resources(tpu_type="v4-32"), "needs a TPU-v4-32-head resource (a 4-host slice)"),
+    ],
+)
+def test_unsatisfiable_request_fails_fast_naming_step_request_and_offer(prefix, local_ray, resources, needs):
+    step = Step(name="ray/too-big", fn=report_env, resources=resources)
+    started = time.monotonic()
+    with pytest.raises(InfeasibleRequestError) as e:
+        materialize_step(step, settings=FAST, run_fn=ray_fn())
+    assert time.monotonic() - started < 10
+    message = str(e.value)
+    assert "step 'ray/too-big'" in message and needs in message
+    assert "Nodes offer: {CPU=2" in message
+    assert read_status(step.output_path).status is Status.FAILED
+
+
+def test_without_fail_fast_a_pending_request_waits_and_a_lost_lease_cancels_it(prefix, local_ray):
+    step = Step(name="ray/pending", fn=report_env, resources=Resources(cpu=8))
+    stop = threading.Event()
+    threading.Timer(2.0, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(LeaseLostError):
+        run_on_ray(step, step.output_path, prefix, stop, RayResource(fail_fast=False), log)
+    assert time.monotonic() - started >= 2.0  # it waited (autoscaler-friendly) until told to stop
+
+
+def parse_shard(output_path):
+    def _inner_parse(line_number):
+        raise ValueError(f"bad JSON on line {line_number} of shard 3")
+
+    print("parsing shard 3")
+    _inner_parse(17)
+
+
+def test_exception_keeps_type_message_and_remote_traceback(prefix, local_ray):
+    step = Step(name="ray/bad", fn=parse_shard)
+    with pytest.raises(ValueError, match="bad JSON on line 17 of shard 3") as e:
+        materialize_step(step, settings=FAST, run_fn=ray_fn())
+    assert type(e.value) is ValueError
+    assert isinstance(e.value.__cause__, RemoteTraceback)
+    assert "_inner_parse" in str(e.value.__cause__) and "line 17" in str(e.value.__cause__)
+    status = read_status(step.output_path)
+    assert status.status is Status.FAILED and "ValueError: bad JSON on line 17" in status.error
+
+
+def chatty(output_path):
+    print("progress 1/2", flush=True)
+    time.sleep(2.0)
+    logging.getLogger("levanter.fake").info("halfway there")
+    print("progress 2/2")
+    return {"ok": True}
+
+
+def test_worker_output_reaches_the_dagster_run_log_while_it_runs(prefix, local_ray):
+    instance = dg.DagsterInstance.ephemeral()
+    job = build_definitions([Step(name="ray/chatty", fn=chatty)]).resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(instance=instance)
+    assert result.success
+    messages = {e.user_message: e.timestamp for e in instance.all_logs(result.run_id)}
+    first = next(t for m, t in messages.items() if m.endswith("[ray/chatty] progress 1/2"))
+    second = next(t for m, t in messages.items() if m.endswith("[ray/chatty] progress 2/2"))
+    assert any(m.endswith("[ray/chatty] INFO levanter.fake: halfway there") for m in messages)
+    assert second - first >= 1.5  # relayed as printed, not all at the end
+
+
+def test_tpu_request_mapping_follows_ray_semantics():
+    single = RayRequest.of(Resources(tpu_type="v4-8"))
+    assert (single.hosts, single.resources) == (1, {"TPU": 4.0, "TPU-v4-8-head": 1.0})
+    multi = RayRequest.of(Resources(tpu_type="v4-32"))
+    assert (multi.hosts, multi.resources, multi.slice_head) == (4, {"TPU": 4.0}, "TPU-v4-32-head")
+    assert RayRequest.of(Resources(tpu_type="v6e-8")).resources == {"TPU": 8.0, "TPU-v6e-8-head": 1.0}
+    assert RayRequest.of(Resources(tpu_type="v5litepod-16")).hosts == 4
+    gpu = RayRequest.of(Resources(cpu=4, gpu=2, gpu_type="H100", memory_gb=8))
+    assert gpu.task_options() == {"num_cpus": 4, "max_retries": 0, "num_gpus": 2, "memory": 8 * 2**30,
+                                  "accelerator_type": "H100"}
+
+
+def test_result_is_json_roundtrip(prefix, local_ray):
+    step = Step(name="ray/json", fn=lambda out: {"nested": {"xs": [1, 2.5]}})
+    outcome = materialize_step(step, settings=FAST, run_fn=ray_fn())
+    assert json.loads(json.dumps(outcome.record.result)) == {"nested": {"xs": [1, 2.5]}}
