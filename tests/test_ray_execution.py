@@ -162,3 +162,19 @@ def test_result_is_json_roundtrip(prefix, local_ray):
     step = Step(name="ray/json", fn=lambda out: {"nested": {"xs": [1, 2.5]}})
     outcome = materialize_step(step, settings=FAST, run_fn=ray_fn())
     assert json.loads(json.dumps(outcome.record.result)) == {"nested": {"xs": [1, 2.5]}}
+
+
+def test_a_function_the_worker_cannot_import_gets_a_clear_error(prefix, local_ray, tmp_path):
+    import importlib
+    import sys
+
+    (tmp_path / "only_here.py").write_text("def make(output_path):\n    return 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module("only_here")
+        step = Step(name="ray/unimportable", fn=module.make)
+        with pytest.raises(ModuleNotFoundError, match="step 'ray/unimportable': its function cannot be imported"):
+            materialize_step(step, settings=FAST, run_fn=ray_fn())
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("only_here", None)

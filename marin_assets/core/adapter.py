@@ -19,8 +19,8 @@ from pydantic import Field
 from marin_assets.core.execute import StepOutcome, materialize_step
 from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.paths import default_prefix
-from marin_assets.core.step import Step, walk
 from marin_assets.core.ray_execution import ray_runner
+from marin_assets.core.step import Step, walk
 from resources.ray import RayResource
 from resources.storage import StorageResource
 

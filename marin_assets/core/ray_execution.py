@@ -329,7 +329,7 @@ def _multiplex(generators: list, stop: threading.Event | None = None) -> Iterato
 def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event, ray_resource: Any, log: Any) -> Any:
     """Run `step.fn(output_path)` on Ray; relay its output to `log`; return its result."""
     import ray
-    from ray.exceptions import RayTaskError, TaskCancelledError
+    from ray.exceptions import RaySystemError, RayTaskError, TaskCancelledError
 
     ray_resource.connect()
     request = RayRequest.of(step.resources)
@@ -357,6 +357,12 @@ def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event,
         cause = e.cause if isinstance(getattr(e, "cause", None), BaseException) else None
         if cause is None:
             raise
+        if isinstance(cause, RaySystemError) and "No module named" in str(cause):
+            raise ModuleNotFoundError(
+                f"step {step.name!r}: its function cannot be imported on the Ray worker"
+                f" ({str(cause).splitlines()[0]}). Install its package where Ray runs, or ship it with"
+                " the ray resource's runtime_env (py_modules, working_dir or env_vars PYTHONPATH)."
+            ) from RemoteTraceback(str(e))
         raise cause from RemoteTraceback(str(e))
     except TaskCancelledError:
         raise

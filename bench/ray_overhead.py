@@ -1,0 +1,72 @@
+"""The fixed cost a step pays for going through Ray, warm.
+
+The same step materialized (forced, so it computes every time) with its function run on
+an embedded Ray ÷ run in the Dagster process, A B A B, for a small step (~20 ms of work) and
+a medium step (~1 s). The difference is the fixed cost: task submission, result transfer,
+the log relay.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import tempfile
+import time
+
+from adapter_overhead import summarize
+
+
+def busy(seconds: float, output_path: str) -> dict:
+    """CPU work for about `seconds`, then a small output file."""
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += sum(i * i for i in range(200))
+    os.makedirs(output_path, exist_ok=True)
+    with open(os.path.join(output_path, "out.txt"), "w") as f:
+        f.write(str(n))
+    return {"n": n}
+
+
+def measure(reps: int = 7) -> list[dict]:
+    import functools
+
+    import ray
+
+    from marin_assets import Step
+    from marin_assets.core.execute import materialize_step, run_in_process
+    from marin_assets.core.lease import LeaseSettings
+    from marin_assets.core.ray_execution import ray_runner
+    from resources import RayResource
+
+    log = logging.getLogger("bench")
+    # The bench folder is not a package: tell the workers where `busy` lives.
+    resource = RayResource(runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}})
+    settings = LeaseSettings(heartbeat_interval=5, stale_timeout=30, poll_interval=0.1)
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        resource.connect()
+        try:
+            on_ray = ray_runner(resource, log)
+            for label, seconds in (("small (~20 ms) step", 0.02), ("medium (~1 s) step", 1.0)):
+                step = Step(name=f"bench/busy-{seconds}", fn=functools.partial(busy, seconds))
+                for run_fn in (on_ray, run_in_process):  # warm both paths
+                    materialize_step(step, prefix=tmp, settings=settings, force=True, run_fn=run_fn)
+                samples: dict[str, list[float]] = {"ray": [], "local": []}
+                for _ in range(reps):
+                    for kind, run_fn in (("ray", on_ray), ("local", run_in_process)):
+                        start = time.perf_counter()
+                        materialize_step(step, prefix=tmp, settings=settings, force=True, run_fn=run_fn)
+                        samples[kind].append(time.perf_counter() - start)
+                result = summarize(f"{label} through warm Ray ÷ in process", samples["ray"], samples["local"],
+                                   goal=float("inf"))
+                fixed = statistics.median(samples["ray"]) - statistics.median(samples["local"])
+                result["fixed_cost_s"] = round(fixed, 4)
+                result["goal"] = "report"
+                out.append(result)
+        finally:
+            resource.shutdown()
+            if ray.is_initialized():
+                ray.shutdown()
+    return out
