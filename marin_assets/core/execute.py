@@ -127,6 +127,8 @@ def materialize_step(
         log.error(f"{step.name}: lost the lease on {out}; this run's work is not committed")
         raise
     except BaseException as e:
+        if isinstance(e, Exception):
+            e.add_note(f"(while materializing step {step.name!r} at {out})")
         try:
             lease.finish(Status.FAILED, error=f"{type(e).__name__}: {e}"[:1000])
         except LeaseLostError:

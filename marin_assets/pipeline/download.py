@@ -1,0 +1,195 @@
+"""Download: a Hugging Face dataset at a pinned revision, or files from any fsspec URL.
+
+Each file is streamed to a hidden temporary name and renamed into place when complete, so
+a file that exists is whole; a re-run after a crash skips files already there with the
+expected size. Sizes and sha256 checksums go into the record; a Hugging Face revision is
+resolved to its commit sha first, so the record says exactly what was downloaded.
+Credentials (`HF_TOKEN`, cloud credentials) come from the environment and are never recorded.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import fsspec
+
+from marin_assets.core.paths import join_path
+from marin_assets.core.step import Step
+
+CHUNK = 8 * 2**20
+
+
+class DownloadError(RuntimeError):
+    """A source cannot be read: unreachable, missing, unknown revision, size mismatch."""
+
+
+@dataclass(frozen=True)
+class DownloadedFile:
+    path: str
+    """Relative to the output."""
+    size: int
+    sha256: str
+    skipped: bool = False
+    """Already complete from an earlier attempt."""
+
+
+@dataclass(frozen=True)
+class Download:
+    source: str
+    revision: str | None
+    """The commit sha a Hugging Face revision resolved to; None for plain URLs."""
+    files: list[DownloadedFile]
+    bytes: int
+
+
+def _sha256_of(fs, path: str) -> str:
+    digest = hashlib.sha256()
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def copy_file(source_url: str, output_path: str, relative: str, expected_size: int | None = None,
+              storage_options: dict | None = None) -> DownloadedFile:
+    """Stream one file into `output_path/relative`, atomically; skip it if already complete."""
+    out_fs, target = fsspec.core.url_to_fs(join_path(output_path, relative))
+    if out_fs.exists(target):
+        size = out_fs.size(target)
+        if expected_size is None or size == expected_size:
+            return DownloadedFile(relative, size, _sha256_of(out_fs, target), skipped=True)
+    parent = target.rsplit("/", 1)[0]
+    partial = f"{parent}/.{target.rsplit('/', 1)[-1]}.{uuid.uuid4().hex[:8]}.part"
+    out_fs.makedirs(parent, exist_ok=True)
+    digest, size = hashlib.sha256(), 0
+    try:
+        with fsspec.open(source_url, "rb", **(storage_options or {})) as src, out_fs.open(partial, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+        if expected_size is not None and size != expected_size:
+            raise DownloadError(f"{source_url}: got {size} bytes, expected {expected_size}")
+        out_fs.mv(partial, target)
+    except FileNotFoundError:
+        raise DownloadError(f"{source_url}: not found") from None
+    except OSError as e:
+        raise DownloadError(f"{source_url}: cannot read ({type(e).__name__}: {e})") from None
+    except Exception as e:
+        if type(e).__module__.startswith(("aiohttp", "requests", "urllib3")):
+            raise DownloadError(f"{source_url}: unreachable ({type(e).__name__}: {e})") from None
+        raise
+    finally:
+        if out_fs.exists(partial):
+            out_fs.rm(partial)
+    return DownloadedFile(relative, size, digest.hexdigest())
+
+
+def download_urls(output_path: str, urls: Sequence[str]) -> Download:
+    """Copy files from fsspec URLs (https://, gs://, s3://, file://, hf://, local paths; globs expand)."""
+    files: list[DownloadedFile] = []
+    for url in urls:
+        for source, relative in _expand(url):
+            files.append(copy_file(source, output_path, relative))
+    if not files:
+        raise DownloadError(f"nothing to download: {list(urls)} matched no files")
+    return Download(", ".join(urls), None, files, sum(f.size for f in files))
+
+
+def _expand(url: str) -> list[tuple[str, str]]:
+    """(source URL, relative output path) pairs; a glob keeps the path below its fixed part."""
+    try:
+        fs, path = fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as e:
+        raise DownloadError(f"{url}: unsupported URL ({e})") from None
+    protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
+    if protocol == "file://":
+        protocol = ""
+    try:
+        if any(c in path for c in "*?["):
+            base = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
+            matches = [m for m in fs.glob(path) if not fs.isdir(m)]
+            if not matches:
+                raise DownloadError(f"{url}: the pattern matches no files")
+            return [(_with_protocol(protocol, m), m[len(base):].lstrip("/")) for m in sorted(matches)]
+        if not fs.exists(path):
+            fs.cat_file(path, start=0, end=1)  # exists() hides why; a connection error surfaces here
+            raise DownloadError(f"{url}: not found")
+        if fs.isdir(path):
+            return [(_with_protocol(protocol, m), m[len(path.rstrip("/")):].lstrip("/"))
+                    for m in sorted(fs.find(path))]
+    except DownloadError:
+        raise
+    except FileNotFoundError:
+        raise DownloadError(f"{url}: not found") from None
+    except Exception as e:
+        raise DownloadError(f"{url}: unreachable ({type(e).__name__}: {e})") from None
+    return [(url, path.rstrip("/").rsplit("/", 1)[-1])]
+
+
+def _with_protocol(protocol: str, path: str) -> str:
+    return path if not protocol or path.startswith(protocol) else protocol + path
+
+
+def download_hf(output_path: str, repo_id: str, revision: str = "main", include: Sequence[str] = ("*",),
+                repo_type: str = "dataset") -> Download:
+    """Download a Hugging Face dataset at a revision, resolved to its commit, through `huggingface_hub`.
+
+    The hub endpoint comes from `HF_ENDPOINT` and the token from `HF_TOKEN`, as for every
+    Hugging Face client.
+    """
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+    api = HfApi()
+    try:
+        info = api.repo_info(repo_id, revision=revision, repo_type=repo_type, files_metadata=True)
+    except RevisionNotFoundError:
+        raise DownloadError(f"{repo_type} {repo_id}: revision {revision!r} not found") from None
+    except RepositoryNotFoundError:
+        raise DownloadError(f"{repo_type} {repo_id}: repository not found (or not accessible)") from None
+    except (HfHubHTTPError, OSError) as e:
+        raise DownloadError(f"{repo_type} {repo_id}: hub unreachable ({type(e).__name__}: {e})") from None
+    sha = info.sha
+    wanted = [s for s in info.siblings if any(fnmatch.fnmatch(s.rfilename, p) for p in include)]
+    if not wanted:
+        raise DownloadError(f"{repo_type} {repo_id}@{sha}: no files match {list(include)}")
+    prefix = {"dataset": "datasets/", "space": "spaces/"}.get(repo_type, "")
+    files = []
+    for sibling in wanted:
+        source = f"hf://{prefix}{repo_id}@{sha}/{sibling.rfilename}"
+        got = copy_file(source, output_path, sibling.rfilename, expected_size=sibling.size)
+        lfs_sha = getattr(sibling.lfs, "sha256", None) if sibling.lfs else None
+        if lfs_sha and got.sha256 != lfs_sha:
+            raise DownloadError(f"{source}: sha256 {got.sha256} does not match the hub's {lfs_sha}")
+        files.append(got)
+    return Download(f"hf://{prefix}{repo_id}", sha, files, sum(f.size for f in files))
+
+
+def hf_download_step(name: str, repo_id: str, revision: str, include: Sequence[str] = ("*",),
+                     repo_type: str = "dataset") -> Step:
+    """Pin `revision` to a commit sha for a reproducible identity; a branch name is re-resolved."""
+    return Step(
+        name=name,
+        fn=lambda out: download_hf(out, repo_id, revision, include, repo_type),
+        hash_attrs={"repo_id": repo_id, "revision": revision, "include": list(include), "repo_type": repo_type},
+        kind="download",
+        description=download_hf.__doc__,
+    )
+
+
+def url_download_step(name: str, urls: Sequence[str]) -> Step:
+    return Step(
+        name=name,
+        fn=lambda out: download_urls(out, urls),
+        hash_attrs={"urls": list(urls)},
+        kind="download",
+        description=download_urls.__doc__,
+    )
+
+
+__all__ = ["Download", "DownloadError", "download_hf", "download_urls", "hf_download_step", "url_download_step"]

@@ -1,0 +1,120 @@
+"""Tokenizers: train a byte-level BPE on a raw dataset, or adopt an existing one.
+
+Either way the output is a Hugging Face tokenizer folder (`AutoTokenizer.from_pretrained`
+and Levanter's `load_tokenizer` read it offline), so downstream steps depend on a
+content-addressed copy rather than on whatever a hub name means today.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from marin_assets.core.step import Resources, Step
+from marin_assets.pipeline.text_files import DatasetError, expand_files, iter_documents, local_copy_of, local_dir_for
+
+EOS = "<|endoftext|>"
+BYTE_ALPHABET = 256
+
+
+class TokenizerError(ValueError):
+    """A tokenizer cannot be trained or loaded."""
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    path: str
+    vocab_size: int
+    eos_token: str
+    source: str
+    """`trained on <dataset>` or the adopted name/path."""
+    documents: int = 0
+
+
+def train_tokenizer(output_path: str, dataset_path: str, vocab_size: int, files: Sequence[str] = ("train/*",),
+                    special_tokens: Sequence[str] = (EOS,), text_field: str = "text",
+                    max_documents: int | None = None) -> TokenizerInfo:
+    """Train a byte-level BPE tokenizer on a raw dataset and save it as a Hugging Face tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special_tokens = list(special_tokens) or [EOS]
+    minimum = BYTE_ALPHABET + len(special_tokens) + 1
+    if vocab_size < minimum:
+        raise TokenizerError(f"vocab_size {vocab_size} is too small: a byte-level BPE needs at least {minimum}"
+                             f" (256 bytes + {len(special_tokens)} special tokens + 1 merge)")
+    counted = {"documents": 0}
+
+    def texts():
+        for _, _, text in iter_documents(expand_files(dataset_path, files), text_field):
+            counted["documents"] += 1
+            yield text
+            if max_documents and counted["documents"] >= max_documents:
+                return
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts(), trainer=trainer)
+    if counted["documents"] == 0:
+        raise DatasetError(f"no documents in {dataset_path} matching {list(files)}")
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    eos = special_tokens[0]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=eos, eos_token=eos, unk_token=eos,
+                                   model_input_names=["input_ids", "attention_mask"])
+    with local_dir_for(output_path) as local:
+        fast.save_pretrained(local)
+    return TokenizerInfo(output_path, len(fast), eos, f"trained on {dataset_path}", counted["documents"])
+
+
+def adopt_tokenizer(output_path: str, name_or_path: str, revision: str | None = None) -> TokenizerInfo:
+    """Copy an existing tokenizer (a local folder, or a hub name in the local HF cache) into the output."""
+    from transformers import AutoTokenizer
+
+    try:
+        with local_copy_of(name_or_path) if "://" in name_or_path else contextlib.nullcontext(name_or_path) as source:
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise TokenizerError(f"tokenizer {name_or_path!r} does not load: {e}") from None
+    with local_dir_for(output_path) as local:
+        tokenizer.save_pretrained(local)
+    return TokenizerInfo(output_path, len(tokenizer), tokenizer.eos_token or "", name_or_path)
+
+
+def load_hf_tokenizer(path: str):
+    """The tokenizer saved at `path` (local or remote), as a transformers fast tokenizer."""
+    from transformers import AutoTokenizer
+
+    with local_copy_of(path) as local:
+        try:
+            return AutoTokenizer.from_pretrained(local)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise TokenizerError(f"tokenizer at {path} does not load: {e}") from None
+
+
+def bpe_tokenizer_step(name: str, dataset: Step, vocab_size: int, files: Sequence[str] = ("train/*",),
+                       special_tokens: Sequence[str] = (EOS,), max_documents: int | None = None) -> Step:
+    return Step(
+        name=name,
+        fn=lambda out: train_tokenizer(out, dataset.output_path, vocab_size, files, special_tokens,
+                                       max_documents=max_documents),
+        deps=[dataset],
+        hash_attrs={"vocab_size": vocab_size, "files": list(files), "special_tokens": list(special_tokens),
+                    "max_documents": max_documents, "kind": "byte-level-bpe"},
+        resources=Resources(cpu=1),
+        kind="tokenizer",
+        description=train_tokenizer.__doc__,
+    )
+
+
+def existing_tokenizer_step(name: str, name_or_path: str, revision: str | None = None) -> Step:
+    return Step(
+        name=name,
+        fn=lambda out: adopt_tokenizer(out, name_or_path, revision),
+        hash_attrs={"name_or_path": name_or_path, "revision": revision},
+        kind="tokenizer",
+        description=adopt_tokenizer.__doc__,
+    )
