@@ -46,34 +46,67 @@ class Download:
     bytes: int
 
 
-def _sha256_of(fs, path: str) -> str:
-    digest = hashlib.sha256()
+@dataclass(frozen=True)
+class Expected:
+    """What the source says a file is; a file already there is kept only if it matches."""
+
+    size: int | None = None
+    sha256: str | None = None
+    git_blob_id: str | None = None
+    """sha1 of `blob <size>\0<content>`: what a git host publishes for a non-LFS file."""
+
+
+class _Digests:
+    def __init__(self, size: int | None):
+        self.sha256 = hashlib.sha256()
+        self.blob = hashlib.sha1(f"blob {size}\0".encode()) if size is not None else None
+
+    def update(self, chunk: bytes) -> None:
+        self.sha256.update(chunk)
+        if self.blob is not None:
+            self.blob.update(chunk)
+
+    def mismatch(self, size: int, expected: Expected) -> str | None:
+        if expected.size is not None and size != expected.size:
+            return f"{size} bytes, expected {expected.size}"
+        if expected.sha256 and self.sha256.hexdigest() != expected.sha256:
+            return f"sha256 {self.sha256.hexdigest()}, expected {expected.sha256}"
+        if expected.git_blob_id and self.blob is not None and self.blob.hexdigest() != expected.git_blob_id:
+            return f"git blob {self.blob.hexdigest()}, expected {expected.git_blob_id}"
+        return None
+
+
+def _digest_file(fs, path: str, size: int) -> _Digests:
+    digests = _Digests(size)
     with fs.open(path, "rb") as f:
         while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+            digests.update(chunk)
+    return digests
 
 
-def copy_file(source_url: str, output_path: str, relative: str, expected_size: int | None = None,
+def copy_file(source_url: str, output_path: str, relative: str, expected: Expected = Expected(),
               storage_options: dict | None = None) -> DownloadedFile:
-    """Stream one file into `output_path/relative`, atomically; skip it if already complete."""
+    """Stream one file into `output_path/relative`, atomically; skip it if already complete and intact."""
     out_fs, target = fsspec.core.url_to_fs(join_path(output_path, relative))
     if out_fs.exists(target):
         size = out_fs.size(target)
-        if expected_size is None or size == expected_size:
-            return DownloadedFile(relative, size, _sha256_of(out_fs, target), skipped=True)
+        if expected.size is None or size == expected.size:
+            digests = _digest_file(out_fs, target, size)
+            if digests.mismatch(size, expected) is None:
+                return DownloadedFile(relative, size, digests.sha256.hexdigest(), skipped=True)
     parent = target.rsplit("/", 1)[0]
     partial = f"{parent}/.{target.rsplit('/', 1)[-1]}.{uuid.uuid4().hex[:8]}.part"
     out_fs.makedirs(parent, exist_ok=True)
-    digest, size = hashlib.sha256(), 0
+    digests, size = _Digests(expected.size), 0
     try:
         with fsspec.open(source_url, "rb", **(storage_options or {})) as src, out_fs.open(partial, "wb") as dst:
             while chunk := src.read(CHUNK):
-                digest.update(chunk)
+                digests.update(chunk)
                 dst.write(chunk)
                 size += len(chunk)
-        if expected_size is not None and size != expected_size:
-            raise DownloadError(f"{source_url}: got {size} bytes, expected {expected_size}")
+        problem = digests.mismatch(size, expected)
+        if problem:
+            raise DownloadError(f"{source_url}: got {problem}")
         out_fs.mv(partial, target)
     except FileNotFoundError:
         raise DownloadError(f"{source_url}: not found") from None
@@ -86,7 +119,7 @@ def copy_file(source_url: str, output_path: str, relative: str, expected_size: i
     finally:
         if out_fs.exists(partial):
             out_fs.rm(partial)
-    return DownloadedFile(relative, size, digest.hexdigest())
+    return DownloadedFile(relative, size, digests.sha256.hexdigest())
 
 
 def download_urls(output_path: str, urls: Sequence[str]) -> Download:
@@ -161,13 +194,22 @@ def download_hf(output_path: str, repo_id: str, revision: str = "main", include:
     prefix = {"dataset": "datasets/", "space": "spaces/"}.get(repo_type, "")
     files = []
     for sibling in wanted:
-        source = f"hf://{prefix}{repo_id}@{sha}/{sibling.rfilename}"
-        got = copy_file(source, output_path, sibling.rfilename, expected_size=sibling.size)
-        lfs_sha = getattr(sibling.lfs, "sha256", None) if sibling.lfs else None
-        if lfs_sha and got.sha256 != lfs_sha:
-            raise DownloadError(f"{source}: sha256 {got.sha256} does not match the hub's {lfs_sha}")
-        files.append(got)
+        lfs = sibling.lfs
+        expected = Expected(size=sibling.size, sha256=lfs.sha256 if lfs else None,
+                            git_blob_id=None if lfs else sibling.blob_id)
+        files.append(copy_file(f"hf://{prefix}{repo_id}@{sha}/{sibling.rfilename}", output_path,
+                               sibling.rfilename, expected))
+    _remove_files_not_in(output_path, {f.path for f in files})
     return Download(f"hf://{prefix}{repo_id}", sha, files, sum(f.size for f in files))
+
+
+def _remove_files_not_in(output_path: str, keep: set[str]) -> None:
+    """Files an attempt at an older commit left behind (not hidden bookkeeping files)."""
+    fs, root = fsspec.core.url_to_fs(output_path)
+    for path in fs.find(root):
+        relative = path[len(root.rstrip("/")):].lstrip("/")
+        if relative not in keep and not any(part.startswith(".") for part in relative.split("/")):
+            fs.rm(path)
 
 
 def hf_download_step(name: str, repo_id: str, revision: str, include: Sequence[str] = ("*",),

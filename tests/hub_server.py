@@ -1,0 +1,676 @@
+"""A local stand-in for the Hugging Face Hub HTTP API, for tests (standard library only).
+
+It speaks enough of the Hub's protocol that the real `huggingface_hub` client (0.36: `HfApi`,
+`HfFileSystem` / `hf://` URLs, `hf_hub_download`) works against it through `HF_ENDPOINT`:
+
+    repo = HubRepo("user/tiny-stories", files={"data/a.jsonl.gz": b"...", "README.md": b"# hi"})
+    with serve_hub(repo) as hub:                 # hub.url == "http://127.0.0.1:PORT"
+        use_hub(monkeypatch, hub.url)            # point huggingface_hub at it (see use_hub)
+        ...
+        new_sha = repo.commit({"data/b.jsonl.gz": b"..."})   # main moves; old shas stay readable
+
+Endpoints (repo type `datasets`, `models` (no URL prefix) or `spaces`; `{repo}` is `ns/name` or `name`):
+
+    GET  /api/{type}s/{repo}                              repo info at main
+    GET  /api/{type}s/{repo}/revision/{rev}[?blobs=1]     repo info; `blobs` adds size, blobId, lfs
+    GET  /api/{type}s/{repo}/tree/{rev}[/{path}]?recursive=&expand=&cursor=   paginated (Link header)
+    POST /api/{type}s/{repo}/paths-info/{rev}             form or JSON body: paths (repeated), expand
+    GET  /api/{type}s/{repo}/refs[?include_prs=1]         branches, tags (converts, pullRequests empty)
+    GET  /api/{type}s/{repo}/commits/{rev}                history, newest first, paginated
+    GET|HEAD /[{type}s/]{repo}/resolve/{rev}/{path}       file bytes, Range requests (206/416), ETag,
+                                                          X-Repo-Commit; LFS files add X-Linked-Etag and
+                                                          X-Linked-Size and 302 to /cdn-lfs/{sha256}
+    GET|HEAD /cdn-lfs/{sha256}                            LFS content (the "CDN"), Range requests
+
+A revision is a branch, a tag, a full 40-hex commit sha, or `refs/heads/X` / `refs/tags/X`; the
+client percent-encodes it into one path segment (`refs%2Fpr%2F1`). Errors carry the headers the
+client maps to exceptions (`huggingface_hub.utils._http.hf_raise_for_status`) plus a JSON body
+`{"error": ...}`: unknown repo -> 404 `X-Error-Code: RepoNotFound` (the client checks exactly
+"RepoNotFound"; "RepositoryNotFound" would surface as a plain HfHubHTTPError), unknown revision ->
+404 `RevisionNotFound`, missing file or folder -> 404 `EntryNotFound`.
+
+Every request is recorded in `HubServer.requests` (method, path, lower-cased headers), e.g. to
+check that a token was sent. A bug in this emulator answers 400 (never 5xx: the client retries 5xx with
+backoff for ~20 s) and is recorded in `HubServer.errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import json
+import mimetypes
+import re
+import threading
+import traceback
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from fnmatch import fnmatch
+from typing import Self
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+LFS_PATTERNS = ("*.parquet", "*.gz", "*.zst", "*.bin", "*.safetensors", "*.arrow", "*.tar", "*.zip")
+"""Paths stored with Git LFS whatever their size, as a typical `.gitattributes` says."""
+LFS_THRESHOLD = 10 * 2**20
+"""Larger files go to LFS too (the Hub rejects plain-git files over 10 MB)."""
+EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
+REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
+API_OPERATIONS = {"revision", "tree", "paths-info", "refs", "commits"}
+
+
+def git_blob_oid(content: bytes) -> str:
+    """The git object id of a blob, as the Hub reports it (`blobId`, `oid`, non-LFS `ETag`)."""
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+def lfs_pointer(content: bytes) -> bytes:
+    """The pointer file git stores in place of an LFS file."""
+    return (f"version https://git-lfs.github.com/spec/v1\n"
+            f"oid sha256:{hashlib.sha256(content).hexdigest()}\nsize {len(content)}\n").encode()
+
+
+def _iso(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file in a commit, with the metadata the Hub reports for it."""
+
+    path: str
+    content: bytes
+    lfs: bool
+
+    @property
+    def size(self) -> int:
+        return len(self.content)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.content).hexdigest()
+
+    @property
+    def oid(self) -> str:
+        """Git blob id: of the content, or of the LFS pointer for an LFS file."""
+        return git_blob_oid(lfs_pointer(self.content) if self.lfs else self.content)
+
+    def lfs_info(self) -> dict:
+        return {"oid": self.sha256, "size": self.size, "pointerSize": len(lfs_pointer(self.content))}
+
+
+@dataclass(frozen=True)
+class Commit:
+    sha: str
+    parent: str | None
+    title: str
+    date: datetime
+    files: dict[str, Entry] = field(repr=False)
+
+
+class HubRepo:
+    """A repository's history: commits (full snapshots), branches and tags. Thread-safe.
+
+    `commit()` applies changes on top of a branch (default `main`) and moves it; shas are
+    deterministic (sha1 of the tree, parent, title and date), so the same history gives the same
+    shas in every run. Files matching `lfs_patterns` or larger than `lfs_threshold` are LFS files.
+    """
+
+    def __init__(self, repo_id: str, files: dict[str, bytes | str] | None = None, *, repo_type: str = "dataset",
+                 lfs_patterns: tuple[str, ...] = LFS_PATTERNS, lfs_threshold: int = LFS_THRESHOLD,
+                 private: bool = False):
+        assert repo_type in REPO_TYPES.values(), repo_type
+        self.repo_id = repo_id
+        self.repo_type = repo_type
+        self.lfs_patterns = lfs_patterns
+        self.lfs_threshold = lfs_threshold
+        self.private = private
+        self.commits: dict[str, Commit] = {}
+        self.branches: dict[str, str] = {}
+        self.tags: dict[str, str] = {}
+        self._lock = threading.RLock()
+        if files is not None:
+            self.commit(files, message="Initial commit")
+
+    def __repr__(self) -> str:
+        return f"HubRepo({self.repo_type}:{self.repo_id}, branches={self.branches}, tags={self.tags})"
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def commit(self, files: dict[str, bytes | str | None] | None = None, *, branch: str = "main",
+               message: str | None = None, replace: bool = False) -> str:
+        """Add a commit on `branch` (created if new) and return its sha.
+
+        `files` maps paths to new contents (str is UTF-8 encoded); None deletes a path. With
+        `replace=True` the commit holds exactly `files`, otherwise the branch's files are kept.
+        """
+        with self._lock:
+            parent = self.branches.get(branch)
+            tree = {} if replace or parent is None else dict(self.commits[parent].files)
+            for path, content in (files or {}).items():
+                path = path.strip("/")
+                if content is None:
+                    tree.pop(path, None)
+                else:
+                    data = content.encode() if isinstance(content, str) else bytes(content)
+                    tree[path] = Entry(path, data, self._is_lfs(path, data))
+            title = message or f"Update {len(files or {})} file(s)"
+            date = EPOCH + timedelta(minutes=len(self.commits))
+            listing = "".join(f"{e.oid} {p}\n" for p, e in sorted(tree.items()))
+            sha = hashlib.sha1(f"{listing}parent {parent}\n{title}\n{_iso(date)}\n".encode()).hexdigest()
+            self.commits[sha] = Commit(sha, parent, title, date, dict(sorted(tree.items())))
+            self.branches[branch] = sha
+            return sha
+
+    def tag(self, name: str, revision: str = "main") -> str:
+        with self._lock:
+            sha = self._must_resolve(revision)
+            self.tags[name] = sha
+            return sha
+
+    def create_branch(self, name: str, revision: str = "main") -> str:
+        with self._lock:
+            sha = self._must_resolve(revision)
+            self.branches[name] = sha
+            return sha
+
+    def _is_lfs(self, path: str, content: bytes) -> bool:
+        return len(content) > self.lfs_threshold or any(fnmatch(path, p) for p in self.lfs_patterns)
+
+    def _must_resolve(self, revision: str) -> str:
+        sha = self.resolve(revision)
+        if sha is None:
+            raise KeyError(f"{self.repo_id}: no revision {revision!r}")
+        return sha
+
+    # -- reading -----------------------------------------------------------------------------
+
+    @property
+    def head(self) -> str:
+        return self.branches["main"]
+
+    def resolve(self, revision: str) -> str | None:
+        """The commit sha of a branch, tag, full sha or `refs/heads|tags/X` ref; None if unknown."""
+        with self._lock:
+            for prefix, refs in (("refs/heads/", self.branches), ("refs/tags/", self.tags)):
+                if revision.startswith(prefix):
+                    return refs.get(revision[len(prefix):])
+            if revision in self.branches:
+                return self.branches[revision]
+            if revision in self.tags:
+                return self.tags[revision]
+            if SHA_RE.match(revision) and revision in self.commits:
+                return revision
+            return None
+
+    def files(self, revision: str = "main") -> dict[str, bytes]:
+        with self._lock:
+            return {p: e.content for p, e in self.commits[self._must_resolve(revision)].files.items()}
+
+    def history(self, sha: str) -> list[Commit]:
+        """Commits from `sha` back to the first one."""
+        with self._lock:
+            out = []
+            while sha is not None:
+                out.append(self.commits[sha])
+                sha = self.commits[sha].parent
+            return out
+
+    def folders(self, sha: str) -> set[str]:
+        """Every folder of the commit's tree ('a', 'a/b' for 'a/b/c.txt'), not the root."""
+        with self._lock:
+            return {f for path in self.commits[sha].files for f in _folders_of(path)}
+
+    def tree_oid(self, sha: str, folder: str) -> str:
+        below = [(p, e.oid) for p, e in self.commits[sha].files.items() if p.startswith(folder + "/")]
+        return hashlib.sha1(repr(sorted(below)).encode()).hexdigest()
+
+    def last_commit(self, sha: str, path: str, is_folder: bool) -> Commit:
+        """The newest commit at or before `sha` that changed `path` (a file or a folder)."""
+        def version(c: Commit):
+            if is_folder:
+                return self.tree_oid(c.sha, path) if path in self.folders(c.sha) else None
+            entry = c.files.get(path)
+            return entry.oid if entry else None
+
+        chain = self.history(sha)
+        current = version(chain[0])
+        last = chain[0]
+        for c in chain[1:]:
+            if version(c) != current:
+                break
+            last = c
+        return last
+
+
+def _folders_of(path: str):
+    """'a/b/c.txt' -> 'a', 'a/b'."""
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        yield "/".join(parts[:i])
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    """As sent: percent-encoded, with the query string."""
+    headers: dict[str, str]
+    """Names lower-cased (HTTP header names are case-insensitive; the client sends `authorization`)."""
+
+
+class HubError(Exception):
+    def __init__(self, status: int, code: str | None, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class HubServer:
+    """The emulated Hub: `with HubServer([repo]) as hub: hub.url`. Repos can be added while it runs."""
+
+    def __init__(self, repos=(), *, page_size: int | None = None, lfs_redirect: bool = True):
+        """`repos`: HubRepo objects, or a mapping of dataset repo id -> HubRepo or {path: bytes}."""
+        self.repos: dict[tuple[str, str], HubRepo] = {}
+        if isinstance(repos, dict):
+            repos = [r if isinstance(r, HubRepo) else HubRepo(repo_id, r) for repo_id, r in repos.items()]
+        for repo in repos:
+            self.add(repo)
+        self.page_size = page_size
+        """Entries per tree/commits page; None = the Hub's (1000, or 50 with expand)."""
+        self.lfs_redirect = lfs_redirect
+        self.requests: list[RecordedRequest] = []
+        self.errors: list[str] = []
+        self._server: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, repo: HubRepo) -> HubRepo:
+        self.repos[(repo.repo_type, repo.repo_id)] = repo
+        return repo
+
+    def lfs_object(self, sha256: str) -> bytes | None:
+        for repo in list(self.repos.values()):
+            for c in list(repo.commits.values()):
+                for e in c.files.values():
+                    if e.lfs and e.sha256 == sha256:
+                        return e.content
+        return None
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "not started"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> Self:
+        handler = type("BoundHubHandler", (_Handler,), {"hub": self})
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="hub-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def requests_to(self, fragment: str) -> list[RecordedRequest]:
+        return [r for r in self.requests if fragment in r.path]
+
+
+@contextlib.contextmanager
+def serve_hub(*repos, **options):
+    """Run a `HubServer` in a daemon thread; yields it (`.url` is the HF_ENDPOINT).
+
+    `serve_hub(repo_a, repo_b)` or `serve_hub({"user/name": {"a.txt": b"..."}})`.
+    """
+    if len(repos) == 1 and isinstance(repos[0], dict):
+        repos = repos[0]
+    with HubServer(repos, **options) as hub:
+        yield hub
+
+
+def use_hub(monkeypatch, url: str, token: str | None = None) -> None:
+    """Point an already-imported `huggingface_hub` at `url`, online, for one test.
+
+    `huggingface_hub.constants` reads HF_ENDPOINT and HF_HUB_OFFLINE when it is first imported,
+    so setting the environment variables inside a test is not enough once anything imported it:
+      * HfApi() and HfFileSystem() take `constants.ENDPOINT`;
+      * `hf_hub_url` (used to read every file, also by HfFileSystem) formats
+        `file_download.HUGGINGFACE_CO_URL_TEMPLATE`, a copy bound at import, then swaps the
+        endpoint prefix only if the URL starts with `constants.ENDPOINT` -- patching
+        `constants.ENDPOINT` alone sends repo_info to the local server but file reads to
+        https://huggingface.co;
+      * `constants.HF_HUB_OFFLINE` is read when a thread's requests Session is created, and
+        sessions are cached per thread: `reset_sessions()` drops any offline (or online) one;
+      * fsspec caches HfFileSystem instances per thread and each keeps the endpoint it was made
+        with (and a dircache): clear the instance cache so `hf://` uses this endpoint.
+    Call `release_hub()` after the test (the fixture in test_download_hf.py does).
+    """
+    from huggingface_hub import constants, file_download
+    from huggingface_hub.utils import reset_sessions
+
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    template = url + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    # No token from the developer's machine: only HF_TOKEN, if the test sets it.
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", "/nonexistent/hf-token")
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", "/nonexistent/hf-stored-tokens")
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    if token is None:
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("HF_TOKEN", token)
+    reset_sessions()
+    release_hub()
+
+
+def release_hub() -> None:
+    """Forget cached HfFileSystem instances and requests sessions (call after monkeypatch undoes)."""
+    from huggingface_hub import HfFileSystem
+    from huggingface_hub.utils import reset_sessions
+
+    HfFileSystem.clear_instance_cache()
+    reset_sessions()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    hub: HubServer
+    protocol_version = "HTTP/1.1"  # keep-alive, like the Hub; every response has a Content-Length
+    disable_nagle_algorithm = True  # headers and body are separate writes: avoid 40 ms delayed-ACK stalls
+
+    def log_message(self, *args):
+        pass
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_HEAD(self):
+        self._dispatch("HEAD")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        self.hub.requests.append(RecordedRequest(method, self.path, {k.lower(): v for k, v in self.headers.items()}))
+        length = int(self.headers.get("Content-Length") or 0)
+        self.body = self.rfile.read(length) if length else b""
+        try:
+            self._route(method)
+        except HubError as e:
+            self._json({"error": e.message}, status=e.status,
+                       headers={"X-Error-Code": e.code, "X-Error-Message": e.message} if e.code
+                       else {"X-Error-Message": e.message})
+        except Exception:  # noqa: BLE001 - recorded, and answered so the client fails fast
+            self.hub.errors.append(f"{method} {self.path}\n{traceback.format_exc()}")
+            self._json({"error": "hub emulator bug, see HubServer.errors"}, status=400)
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str], head: bool = False) -> None:
+        self.send_response(status)
+        self.send_header("X-Request-Id", f"Root=emulator-{len(self.hub.requests)}")
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _json(self, data, status: int = 200, headers: dict | None = None) -> None:
+        self._send(status, json.dumps(data).encode(),
+                   {"Content-Type": "application/json; charset=utf-8", **(headers or {})},
+                   head=self.command == "HEAD")
+
+    def _base(self) -> str:
+        return f"http://{self.headers.get('Host') or f'127.0.0.1:{self.server.server_address[1]}'}"
+
+    # -- routing -----------------------------------------------------------------------------
+
+    def _route(self, method: str) -> None:
+        split = urlsplit(self.path)
+        self.query = parse_qs(split.query, keep_blank_values=True)
+        segments = [unquote(s) for s in split.path.split("/")[1:]]
+        if segments and segments[-1] == "":
+            segments.pop()
+        if len(segments) >= 2 and segments[0] == "api" and segments[1] in REPO_TYPES:
+            repo, rest = self._find_repo(REPO_TYPES[segments[1]], segments[2:], API_OPERATIONS)
+            return self._api(method, repo, rest)
+        if len(segments) == 2 and segments[0] == "cdn-lfs" and method in ("GET", "HEAD"):
+            content = self.hub.lfs_object(segments[1])
+            if content is None:
+                raise HubError(404, None, "Not Found")
+            return self._file_response(content, {"ETag": f'"{segments[1]}"'}, method)
+        repo_type = "model"
+        if segments and segments[0] in REPO_TYPES and segments[0] != "models":
+            repo_type, segments = REPO_TYPES[segments[0]], segments[1:]
+        if "resolve" in segments[1:3] and method in ("GET", "HEAD"):
+            repo, rest = self._find_repo(repo_type, segments, {"resolve"})
+            revision, path = _split_revision(rest[1:])
+            return self._resolve(method, repo, revision, path)
+        raise HubError(404, None, f"Sorry, we can't find the page you are looking for: {split.path}")
+
+    def _find_repo(self, repo_type: str, segments: list[str], operations: set[str]) -> tuple[HubRepo, list[str]]:
+        """The repo named by `ns/name` or `name` at the start of `segments`, and the segments after it."""
+        repos = self.hub.repos
+        if len(segments) >= 2 and (repo_type, "/".join(segments[:2])) in repos:
+            return repos[(repo_type, "/".join(segments[:2]))], segments[2:]
+        if segments and (repo_type, segments[0]) in repos and (len(segments) == 1 or segments[1] in operations):
+            return repos[(repo_type, segments[0])], segments[1:]
+        raise HubError(404, "RepoNotFound", "Repository not found")
+
+    def _commit(self, repo: HubRepo, revision: str) -> Commit:
+        sha = repo.resolve(revision)
+        if sha is None:
+            raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        return repo.commits[sha]
+
+    def _api(self, method: str, repo: HubRepo, rest: list[str]) -> None:
+        op = rest[0] if rest else "revision"
+        if op == "revision" and method == "GET" and len(rest) <= 1:
+            return self._repo_info(repo, self._commit(repo, "main"))
+        if op == "revision" and method == "GET":
+            revision, _ = _split_revision(rest[1:], whole=True)
+            return self._repo_info(repo, self._commit(repo, revision))
+        if op == "tree" and method == "GET" and len(rest) >= 2:
+            revision, path = _split_revision(rest[1:])
+            return self._tree(repo, self._commit(repo, revision), path)
+        if op == "paths-info" and method == "POST" and len(rest) >= 2:
+            revision, _ = _split_revision(rest[1:], whole=True)
+            return self._paths_info(repo, self._commit(repo, revision))
+        if op == "refs" and method == "GET" and len(rest) == 1:
+            return self._refs(repo)
+        if op == "commits" and method == "GET" and len(rest) >= 2:
+            revision, _ = _split_revision(rest[1:], whole=True)
+            return self._commits(repo, self._commit(repo, revision))
+        raise HubError(404, None, f"Sorry, we can't find the page you are looking for: {self.path}")
+
+    # -- API endpoints -----------------------------------------------------------------------
+
+    def _repo_info(self, repo: HubRepo, commit: Commit) -> None:
+        blobs = _truthy(self.query.get("blobs", ["false"])[-1])
+        siblings = []
+        for path, e in commit.files.items():
+            sibling = {"rfilename": path}
+            if blobs:
+                sibling.update({"blobId": e.oid, "size": e.size})
+                if e.lfs:
+                    lfs = e.lfs_info()
+                    sibling["lfs"] = {"sha256": lfs["oid"], "size": lfs["size"], "pointerSize": lfs["pointerSize"]}
+            siblings.append(sibling)
+        first = repo.history(commit.sha)[-1]
+        self._json({
+            "_id": hashlib.sha1(repo.repo_id.encode()).hexdigest()[:24],
+            "id": repo.repo_id,
+            "author": repo.repo_id.split("/")[0] if "/" in repo.repo_id else None,
+            "sha": commit.sha,
+            "lastModified": _iso(commit.date),
+            "createdAt": _iso(first.date),
+            "private": repo.private,
+            "gated": False,
+            "disabled": False,
+            "downloads": 0,
+            "likes": 0,
+            "tags": [],
+            "siblings": siblings,
+            "usedStorage": sum(e.size for e in commit.files.values()),
+        })
+
+    def _entry_json(self, repo: HubRepo, commit: Commit, path: str, expand: bool) -> dict:
+        entry = commit.files.get(path)
+        if entry is not None:
+            out = {"type": "file", "oid": entry.oid, "size": entry.size, "path": path}
+            if entry.lfs:
+                out["lfs"] = entry.lfs_info()
+        else:
+            out = {"type": "directory", "oid": repo.tree_oid(commit.sha, path), "size": 0, "path": path}
+        if expand:
+            last = repo.last_commit(commit.sha, path, is_folder=entry is None)
+            out["lastCommit"] = {"id": last.sha, "title": last.title, "date": _iso(last.date)}
+            if entry is not None:
+                out["securityFileStatus"] = {"status": "safe", "avScan": {"virusFound": False, "virusNames": None},
+                                             "pickleImportScan": None}
+        return out
+
+    def _children(self, commit: Commit, folder: str, recursive: bool) -> list[str]:
+        """Paths below `folder` ('' = root): folders first then files at each level, like the Hub."""
+        prefix = folder + "/" if folder else ""
+        files, folders = [], set()
+        for path in commit.files:
+            if not path.startswith(prefix):
+                continue
+            rest = path[len(prefix):]
+            if "/" not in rest:
+                files.append(path)
+            else:
+                parts = rest.split("/")
+                depth = len(parts) - 1 if recursive else 1
+                for i in range(1, depth + 1):
+                    folders.add(prefix + "/".join(parts[:i]))
+                if recursive:
+                    files.append(path)
+        return sorted(folders) + sorted(files)
+
+    def _tree(self, repo: HubRepo, commit: Commit, folder: str) -> None:
+        recursive = _truthy(self.query.get("recursive", ["false"])[-1])
+        expand = _truthy(self.query.get("expand", ["false"])[-1])
+        if folder and folder not in repo.folders(commit.sha):
+            raise HubError(404, "EntryNotFound", f"{folder} does not exist on \"{commit.sha}\"")
+        paths = self._children(commit, folder, recursive)
+        page = self.hub.page_size or (50 if expand else 1000)
+        start = int(self.query.get("cursor", ["0"])[-1] or 0)
+        chunk = paths[start:start + page]
+        headers = {}
+        if start + page < len(paths):
+            query = {k: v[-1] for k, v in self.query.items()}
+            query["cursor"] = str(start + page)
+            next_url = f"{self._base()}{urlsplit(self.path).path}?{urlencode(query)}"
+            headers["Link"] = f'<{next_url}>; rel="next"'
+        self._json([self._entry_json(repo, commit, p, expand) for p in chunk], headers=headers)
+
+    def _paths_info(self, repo: HubRepo, commit: Commit) -> None:
+        if self.headers.get("Content-Type", "").startswith("application/json"):
+            data = json.loads(self.body or b"{}")
+            paths, expand = data.get("paths", []), bool(data.get("expand"))
+        else:
+            form = parse_qs(self.body.decode(), keep_blank_values=True)
+            paths, expand = form.get("paths", []), _truthy(form.get("expand", ["false"])[-1])
+        folders = repo.folders(commit.sha)
+        out = []
+        for path in paths:
+            path = path.strip("/")
+            if path in commit.files or path in folders:
+                out.append(self._entry_json(repo, commit, path, expand))
+        self._json(out)
+
+    def _refs(self, repo: HubRepo) -> None:
+        def refs(kind, items):
+            return [{"name": n, "ref": f"refs/{kind}/{n}", "targetCommit": s} for n, s in sorted(items.items())]
+
+        data = {"branches": refs("heads", repo.branches), "converts": [], "tags": refs("tags", repo.tags)}
+        if _truthy(self.query.get("include_prs", ["0"])[-1]):
+            data["pullRequests"] = []
+        self._json(data)
+
+    def _commits(self, repo: HubRepo, commit: Commit) -> None:
+        chain = repo.history(commit.sha)
+        page = self.hub.page_size or 50
+        start = int(self.query.get("p", ["0"])[-1] or 0) * page
+        headers = {}
+        if start + page < len(chain):
+            query = {k: v[-1] for k, v in self.query.items()}
+            query["p"] = str(start // page + 1)
+            headers["Link"] = f'<{self._base()}{urlsplit(self.path).path}?{urlencode(query)}>; rel="next"'
+        self._json([{"id": c.sha, "title": c.title, "message": "", "date": _iso(c.date),
+                     "authors": [{"user": "emulator", "avatar": ""}]} for c in chain[start:start + page]],
+                   headers=headers)
+
+    # -- files -------------------------------------------------------------------------------
+
+    def _resolve(self, method: str, repo: HubRepo, revision: str, path: str) -> None:
+        commit = self._commit(repo, revision)
+        entry = commit.files.get(path)
+        if entry is None:
+            raise HubError(404, "EntryNotFound", "Entry not found")
+        headers = {"X-Repo-Commit": commit.sha, "ETag": f'"{entry.oid}"'}
+        if entry.lfs:
+            headers.update({"X-Linked-Etag": f'"{entry.sha256}"', "X-Linked-Size": str(entry.size)})
+            if self.hub.lfs_redirect:
+                filename = quote(path.rsplit("/", 1)[-1])
+                location = f"{self._base()}/cdn-lfs/{entry.sha256}?response-content-disposition=" + \
+                    quote(f"inline; filename*=UTF-8''{filename}", safe="")
+                body = f"Found. Redirecting to {location}".encode()
+                return self._send(302, body, {**headers, "Location": location,
+                                              "Content-Type": "text/plain; charset=utf-8"}, head=method == "HEAD")
+        self._file_response(entry.content, headers, method, filename=path.rsplit("/", 1)[-1])
+
+    def _file_response(self, content: bytes, headers: dict, method: str, filename: str | None = None) -> None:
+        size = len(content)
+        headers = {**headers, "Accept-Ranges": "bytes",
+                   "Content-Type": (mimetypes.guess_type(filename or "")[0] if filename else None)
+                   or "application/octet-stream"}
+        if filename:
+            headers["Content-Disposition"] = f"inline; filename*=UTF-8''{quote(filename)}; filename=\"{filename}\";"
+        wanted = self.headers.get("Range")
+        if not wanted:
+            return self._send(200, content, headers, head=method == "HEAD")
+        match = re.fullmatch(r"\s*bytes=(\d*)-(\d*)\s*", wanted)
+        if not match or match.groups() == ("", ""):
+            return self._send(200, content, headers, head=method == "HEAD")  # unsupported: ignore, as allowed
+        first, last = match.groups()
+        if first == "":  # suffix: the last N bytes
+            start, end = max(0, size - int(last)), size - 1
+        else:
+            start, end = int(first), min(int(last), size - 1) if last else size - 1
+        if start >= size or start > end:
+            return self._send(416, b"", {**headers, "Content-Range": f"bytes */{size}"}, head=method == "HEAD")
+        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        self._send(206, content[start:end + 1], headers, head=method == "HEAD")
+
+
+def _split_revision(segments: list[str], whole: bool = False) -> tuple[str, str]:
+    """(revision, path) from decoded segments after `resolve`/`tree`/...: the client sends the
+    revision as one percent-encoded segment; an unencoded `refs/pr/N`, `refs/convert/X`,
+    `refs/heads/X` or `refs/tags/X` spans three."""
+    if len(segments) >= 3 and segments[0] == "refs" and segments[1] in ("pr", "convert", "heads", "tags"):
+        revision, rest = "/".join(segments[:3]), segments[3:]
+    else:
+        revision, rest = segments[0], segments[1:]
+    if whole and rest:
+        revision, rest = "/".join([revision, *rest]), []
+    return revision, "/".join(rest)
+
+
+def _truthy(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes")
