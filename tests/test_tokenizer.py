@@ -42,7 +42,8 @@ def test_trained_tokenizer_loads_offline_and_roundtrips(corpus, tmp_path):
     tok = load_hf_tokenizer(info.path)
     text = "Once upon a time, there was a little fox named Zoe."
     ids = tok(text)["input_ids"]
-    assert tok.decode(ids) == text and len(ids) < len(text) / 2
+    assert ids[0] == ids[-1] == tok.eos_token_id  # the tokenizer itself frames documents with EOS
+    assert tok.decode(ids, skip_special_tokens=True) == text and len(ids) < len(text) / 2
     assert tok.eos_token == "<|endoftext|>" and "token_type_ids" not in tok(text)
     from levanter.compat.hf_checkpoints import load_tokenizer
 

@@ -61,8 +61,13 @@ def train_tokenizer(output_path: str, dataset_path: str, vocab_size: int, files:
     tokenizer.train_from_iterator(texts(), trainer=trainer)
     if counted["documents"] == 0:
         raise DatasetError(f"no documents in {dataset_path} matching {list(files)}")
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     eos = special_tokens[0]
+    # EOS on both ends of every document, by the tokenizer itself: Levanter then adds nothing
+    # (otherwise it builds "eos text eos" strings, and byte-level BPE adds two space tokens).
+    tokenizer.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single=f"{eos} $A {eos}", special_tokens=[(eos, tokenizer.token_to_id(eos))]),
+    ])
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=eos, eos_token=eos, unk_token=eos,
                                    model_input_names=["input_ids", "attention_mask"])
     with local_dir_for(output_path) as local:

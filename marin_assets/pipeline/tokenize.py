@@ -1,0 +1,262 @@
+"""Tokenize: a Levanter cache (train and validation splits) from a raw dataset and a tokenizer.
+
+Each input file becomes its own sub-cache with its own ledger, committed every few thousand
+documents, so a crash loses at most one commit of one file and a re-run continues where it
+stopped. The finished sub-caches are then concatenated in this process into
+`{output}/{split}` — Levanter's own Ray builder is not used: on a small cluster its copy
+tasks ask for 4 CPUs and 6 GiB and wait forever. With `workers > 1` files are tokenized by
+parallel Ray tasks (across a cluster's nodes); with one, the Rust tokenizer already uses
+every core of the node. A cache is tied to its tokenizer: extending a cache built with
+another tokenizer is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import fsspec
+
+from marin_assets.core.files import atomic_write, read_bytes
+from marin_assets.core.paths import join_path
+from marin_assets.core.step import Resources, Step
+from marin_assets.pipeline.text_files import DatasetError, expand_files, iter_documents
+from marin_assets.pipeline.tokenizer import load_hf_tokenizer
+
+FINGERPRINT_FILE = "tokenizer_fingerprint.json"
+PARTS_DIR = ".parts"
+
+
+class TokenizerMismatchError(ValueError):
+    """An existing cache was built with a different tokenizer."""
+
+
+@dataclass(frozen=True)
+class SplitStats:
+    documents: int
+    tokens: int
+    files: int
+
+
+@dataclass(frozen=True)
+class TokenizedCache:
+    """A Levanter cache: `{path}/{split}` for each split, built with `tokenizer`."""
+
+    path: str
+    tokenizer: str
+    tokenizer_fingerprint: str
+    vocab_size: int
+    splits: dict[str, SplitStats]
+    tokens_per_second: float = 0.0
+
+
+def tokenizer_fingerprint(tokenizer_path: str) -> str:
+    """sha256 of the tokenizer's definition (`tokenizer.json`): what identifies it, wherever it lives."""
+    raw = read_bytes(join_path(tokenizer_path, "tokenizer.json"))
+    if raw is None:
+        raise TokenizerMismatchError(f"no tokenizer.json in {tokenizer_path}")
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def check_tokenizer(output_path: str, tokenizer_path: str, fingerprint: str) -> None:
+    """Refuse to touch a cache made with another tokenizer; claim an empty one for this one."""
+    marker = join_path(output_path, FINGERPRINT_FILE)
+    raw = read_bytes(marker)
+    if raw is not None:
+        found = json.loads(raw)
+        if found["fingerprint"] != fingerprint:
+            raise TokenizerMismatchError(
+                f"the cache at {output_path} was built with tokenizer {found['tokenizer']} (fingerprint"
+                f" {found['fingerprint']}); refusing to reuse it with {tokenizer_path} (fingerprint {fingerprint})"
+            )
+        return
+    atomic_write(marker, json.dumps({"tokenizer": tokenizer_path, "fingerprint": fingerprint}).encode())
+
+
+def _levanter():
+    from levanter.data.text import BatchTokenizer
+    from levanter.store.cache import CacheLedger, CacheMetadata
+    from levanter.store.tree_store import TreeStore
+
+    return BatchTokenizer, CacheLedger, CacheMetadata, TreeStore
+
+
+def _commit(cache_dir: str, rows: int, shard_rows: dict, finished: list, done: bool, metadata):
+    _, CacheLedger, _, _ = _levanter()
+    ledger = CacheLedger(total_num_rows=rows, shard_rows=dict(shard_rows), is_finished=done,
+                         finished_shards=list(finished), field_counts={}, metadata=metadata)
+    ledger._serialize_and_commit(cache_dir)
+    return ledger
+
+
+def _load_ledger(cache_dir: str):
+    _, CacheLedger, _, _ = _levanter()
+    try:
+        return CacheLedger.load(cache_dir)
+    except FileNotFoundError:
+        return None
+
+
+def _expose_rows(store, rows: int) -> None:
+    """Set the committed row count (offsets[0]); rows written after the last commit are dropped."""
+    from levanter.store.cache import _expose_available_rows
+
+    _expose_available_rows(store, rows)
+
+
+def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str = "text",
+                  batch_size: int = 1024, rows_per_commit: int = 8192) -> tuple[int, int]:
+    """One input file → one sub-cache with its own ledger; resumes from its last commit.
+
+    Returns (documents, tokens).
+    """
+    BatchTokenizer, _, CacheMetadata, TreeStore = _levanter()
+    processor = BatchTokenizer(load_hf_tokenizer(tokenizer_path), text_field=text_field,
+                               enforce_bos=True, enforce_eos=True)
+    metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
+    # Unique within the split even when two folders hold files of one name.
+    shard = f"{os.path.basename(part_dir)}-{os.path.basename(file)}".replace(".", "_")
+    ledger = _load_ledger(part_dir)
+    if ledger is not None and ledger.is_finished:
+        store = TreeStore.open(processor.output_exemplar, part_dir, mode="r", cache_metadata=False)
+        return ledger.total_num_rows, int(store.tree["input_ids"].data_size)
+    if ledger is None:
+        ledger = _commit(part_dir, 0, {shard: 0}, [], False, metadata)
+    store = TreeStore.open(processor.output_exemplar, part_dir, mode="a", cache_metadata=False)
+    if len(store) > ledger.total_num_rows:  # crashed after writing, before committing
+        _expose_rows(store, ledger.total_num_rows)
+    done, pending, batch = ledger.total_num_rows, [], []
+
+    def flush(final: bool) -> None:
+        nonlocal done, pending
+        if pending:
+            store.extend(pending)
+            done += len(pending)
+            pending = []
+        _commit(part_dir, done, {shard: done}, [shard] if final else [], final, metadata)
+
+    for index, (_, _, text) in enumerate(iter_documents([file], text_field)):
+        if index < ledger.total_num_rows:
+            continue
+        batch.append({text_field: text})
+        if len(batch) >= batch_size:
+            pending.extend(processor(batch))
+            batch = []
+            if len(pending) >= rows_per_commit:
+                flush(final=False)
+    if batch:
+        pending.extend(processor(batch))
+    flush(final=True)
+    return done, int(store.tree["input_ids"].data_size)
+
+
+def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str, text_field: str = "text") -> None:
+    """Concatenate finished sub-caches, in order, into one finished cache; resumable."""
+    from levanter.store.cache import _extend_cache_metadata_with_other, _extend_cache_with_other_cache
+
+    BatchTokenizer, _, CacheMetadata, TreeStore = _levanter()
+    processor = BatchTokenizer(load_hf_tokenizer(tokenizer_path), text_field=text_field,
+                               enforce_bos=True, enforce_eos=True)
+    exemplar = processor.output_exemplar
+    ledger = _load_ledger(cache_dir)
+    if ledger is not None and ledger.is_finished:
+        return
+    if ledger is None:
+        ledger = _commit(cache_dir, 0, {}, [], False, CacheMetadata(preprocessor_metadata=processor.metadata))
+    dest = TreeStore.open(exemplar, cache_dir, mode="a", cache_metadata=False)
+    if len(dest) > ledger.total_num_rows:
+        _expose_rows(dest, ledger.total_num_rows)
+    copier = types.SimpleNamespace(output_exemplar=exemplar)  # all Levanter's copy functions read
+    for part in part_dirs:
+        part_ledger = _load_ledger(part)
+        if part_ledger is None or not part_ledger.is_finished:
+            raise RuntimeError(f"sub-cache {part} is not finished")
+        if all(s in ledger.finished_shards for s in part_ledger.finished_shards):
+            continue
+        rows = ledger.total_num_rows
+        offsets = {k: v.data_size for k, v in dest.tree.items()}
+        asyncio.run(_extend_cache_with_other_cache(cache_dir, part, copier, offsets, rows))
+        asyncio.run(_extend_cache_metadata_with_other(cache_dir, part, copier, offsets, rows))
+        _expose_rows(dest, rows + part_ledger.total_num_rows)
+        ledger.total_num_rows += part_ledger.total_num_rows
+        ledger.shard_rows.update(part_ledger.shard_rows)
+        ledger.finished_shards.extend(part_ledger.finished_shards)
+        ledger._serialize_and_commit(cache_dir)
+    ledger.is_finished = True
+    ledger._serialize_and_commit(cache_dir)
+
+
+def _finished_stats(cache_dir: str, tokenizer_path: str, text_field: str, files: int) -> SplitStats | None:
+    """Counts of a split whose merged cache is already finished (a re-run after a late crash)."""
+    ledger = _load_ledger(cache_dir)
+    if ledger is None or not ledger.is_finished:
+        return None
+    BatchTokenizer, _, _, TreeStore = _levanter()
+    exemplar = BatchTokenizer(load_hf_tokenizer(tokenizer_path), text_field=text_field).output_exemplar
+    store = TreeStore.open(exemplar, cache_dir, mode="r", cache_metadata=False)
+    return SplitStats(ledger.total_num_rows, int(store.tree["input_ids"].data_size), files)
+
+
+def _tokenize_files(files: Sequence[str], part_dirs: Sequence[str], tokenizer_path: str, text_field: str,
+                    rows_per_commit: int, workers: int) -> list[tuple[int, int]]:
+    if workers <= 1:
+        return [tokenize_file(f, p, tokenizer_path, text_field, rows_per_commit=rows_per_commit)
+                for f, p in zip(files, part_dirs)]
+    import ray
+
+    # A task blocked in ray.get gives its CPUs back to Ray, so these nested tasks cannot starve.
+    remote = ray.remote(num_cpus=1, max_retries=0)(tokenize_file)
+    return ray.get([remote.remote(f, p, tokenizer_path, text_field, rows_per_commit=rows_per_commit)
+                    for f, p in zip(files, part_dirs)])
+
+
+def tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
+             splits: dict[str, Sequence[str]] | None = None, text_field: str = "text",
+             rows_per_commit: int = 8192, workers: int = 1) -> TokenizedCache:
+    """Tokenize a raw dataset's splits into a Levanter cache, resumably."""
+    splits = splits or {"train": ["train/*"], "validation": ["validation/*"]}
+    fingerprint = tokenizer_fingerprint(tokenizer_path)
+    check_tokenizer(output_path, tokenizer_path, fingerprint)
+    started = time.monotonic()
+    stats: dict[str, SplitStats] = {}
+    for split, patterns in splits.items():
+        files = expand_files(dataset_path, patterns)
+        finished = _finished_stats(join_path(output_path, split), tokenizer_path, text_field, len(files))
+        if finished is not None:
+            stats[split] = finished
+            continue
+        parts = [join_path(output_path, PARTS_DIR, split, f"{i:05d}") for i in range(len(files))]
+        counts = _tokenize_files(files, parts, tokenizer_path, text_field, rows_per_commit, workers)
+        documents = sum(c[0] for c in counts)
+        if documents == 0:
+            raise DatasetError(f"split {split!r} of {dataset_path} has no documents ({len(files)} files)")
+        merge_parts(parts, join_path(output_path, split), tokenizer_path, text_field)
+        stats[split] = SplitStats(documents, sum(c[1] for c in counts), len(files))
+    fs, root = fsspec.core.url_to_fs(join_path(output_path, PARTS_DIR))
+    if fs.exists(root):
+        fs.rm(root, recursive=True)  # merged: the sub-caches would only double the disk used
+    tokens = sum(s.tokens for s in stats.values())
+    vocab = len(load_hf_tokenizer(tokenizer_path))
+    return TokenizedCache(output_path, tokenizer_path, fingerprint, vocab, stats,
+                          round(tokens / max(time.monotonic() - started, 1e-9), 1))
+
+
+def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, Sequence[str]] | None = None,
+                  text_field: str = "text", workers: int = 1, cpu: float = 1) -> Step:
+    splits = {k: list(v) for k, v in (splits or {"train": ["train/*"], "validation": ["validation/*"]}).items()}
+    return Step(
+        name=name,
+        fn=lambda out: tokenize(out, dataset.output_path, tokenizer.output_path, splits, text_field,
+                                workers=workers),
+        deps=[dataset, tokenizer],
+        hash_attrs={"splits": splits, "text_field": text_field, "format": "levanter-cache-v1"},
+        resources=Resources(cpu=cpu),
+        kind="tokenize",
+        description=tokenize.__doc__,
+    )

@@ -1,0 +1,115 @@
+"""Tokenize into Levanter caches for real: counts, resume after kill -9, tokenizer mismatch, bad input."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from marin_assets.pipeline.corpus import generate_corpus
+from marin_assets.pipeline.text_files import DatasetError
+from marin_assets.pipeline.text_files import expand_files
+from marin_assets.pipeline.tokenize import TokenizerMismatchError, tokenize, tokenize_file
+from marin_assets.pipeline.tokenizer import load_hf_tokenizer, train_tokenizer
+from tests.conftest import ROOT, subprocess_env
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tok")
+    raw = str(root / "raw")
+    generate_corpus(raw, train_documents=6000, validation_documents=200, seed=5, shards=6)
+    tok = train_tokenizer(str(root / "tok"), raw, vocab_size=400).path
+    other = train_tokenizer(str(root / "other"), raw, vocab_size=300).path
+    return raw, tok, other
+
+
+def read_tokens(cache_dir, tokenizer_path):
+    from levanter.data.text import BatchTokenizer
+    from levanter.store.cache import TreeCache
+
+    exemplar = BatchTokenizer(load_hf_tokenizer(tokenizer_path)).output_exemplar
+    cache = TreeCache.load(cache_dir, exemplar)
+    return [row["input_ids"] for row in cache.get_batch_sync(list(range(len(cache))))]
+
+
+def test_tokenize_counts_match_the_tokenizer(inputs, tmp_path):
+    raw, tok, _ = inputs
+    result = tokenize(str(tmp_path / "c"), raw, tok)
+    assert result.splits["train"].documents == 6000 and result.splits["train"].files == 6
+    assert result.splits["validation"].documents == 200
+    rows = read_tokens(str(tmp_path / "c" / "validation"), tok)
+    hf = load_hf_tokenizer(tok)
+    from marin_assets.pipeline.text_files import iter_documents
+
+    texts = [t for _, _, t in iter_documents(expand_files(raw, ["validation/*"]))]
+    assert len(rows) == 200
+    assert [list(r) for r in rows[:20]] == [hf(t)["input_ids"] for t in texts[:20]]
+    assert result.splits["validation"].tokens == sum(len(r) for r in rows)
+    assert not os.path.exists(tmp_path / "c" / ".parts")
+
+
+def test_killed_tokenize_resumes_instead_of_restarting(inputs, tmp_path):
+    raw, tok, _ = inputs
+    out = tmp_path / "c"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "tokenize_worker.py"), str(out), raw, tok],
+                            env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first_part = out / ".parts" / "train" / "00000" / "shard_ledger.json"
+    third_part = out / ".parts" / "train" / "00002" / "shard_ledger.json"
+    deadline = time.time() + 120
+    while not third_part.exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert third_part.exists(), "the worker never got to the third file"
+    assert '"is_finished": true' in first_part.read_text()
+    finished_before = first_part.stat().st_mtime_ns
+    assert not (out / "validation" / "shard_ledger.json").exists()
+
+    # A finished file is not tokenized again: its ledger is read and left as it was.
+    files = expand_files(raw, ["train/*"])
+    docs, _ = tokenize_file(files[0], str(first_part.parent), tok, rows_per_commit=200)
+    assert docs == 1000 and first_part.stat().st_mtime_ns == finished_before
+
+    result = tokenize(str(out), raw, tok, rows_per_commit=200)  # resume in this process
+    assert result.splits["train"].documents == 6000
+    clean = tmp_path / "clean"
+    tokenize(str(clean), raw, tok)
+    resumed_rows, clean_rows = read_tokens(str(out / "train"), tok), read_tokens(str(clean / "train"), tok)
+    assert len(resumed_rows) == len(clean_rows) == 6000
+    assert all(np.array_equal(a, b) for a, b in zip(resumed_rows, clean_rows))
+
+
+def test_reusing_a_cache_with_another_tokenizer_is_refused(inputs, tmp_path):
+    raw, tok, other = inputs
+    tokenize(str(tmp_path / "c"), raw, tok)
+    with pytest.raises(TokenizerMismatchError, match="was built with tokenizer .*refusing to reuse it"):
+        tokenize(str(tmp_path / "c"), raw, other)
+
+
+def test_bad_input_names_file_and_line(tmp_path, inputs):
+    _, tok, _ = inputs
+    bad = tmp_path / "bad"
+    (bad / "train").mkdir(parents=True)
+    (bad / "validation").mkdir()
+    (bad / "validation" / "v.jsonl").write_text('{"text": "fine"}\n')
+    (bad / "train" / "a.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n{"txt": "three"}\n')
+    with pytest.raises(DatasetError, match=r"a.jsonl, line 3: no 'text' field"):
+        tokenize(str(tmp_path / "c1"), str(bad), tok)
+    (bad / "train" / "a.jsonl").write_text('{"text": "one"}\n{oops\n')
+    with pytest.raises(DatasetError, match=r"a.jsonl, line 2: malformed JSON"):
+        tokenize(str(tmp_path / "c2"), str(bad), tok)
+    (bad / "train" / "a.jsonl").write_text("\n\n")
+    with pytest.raises(DatasetError, match="split 'train' .* has no documents"):
+        tokenize(str(tmp_path / "c3"), str(bad), tok)
+
+
+def test_files_fan_out_to_ray_tasks_with_identical_output(inputs, tmp_path, local_ray):
+    raw, tok, _ = inputs
+    tokenize(str(tmp_path / "serial"), raw, tok, splits={"validation": ["validation/*"], "train": ["train/*"]})
+    tokenize(str(tmp_path / "ray"), raw, tok, workers=2)
+    a, b = read_tokens(str(tmp_path / "serial" / "train"), tok), read_tokens(str(tmp_path / "ray" / "train"), tok)
+    assert len(a) == len(b) == 6000 and all(np.array_equal(x, y) for x, y in zip(a, b))
