@@ -3,7 +3,12 @@
 The public API a user writes experiments with.
 """
 
-from marin_assets.core.adapter import FORCE_TAG, build_assets, build_definitions, step_asset
+from marin_assets.core.adapter import (
+    FORCE_TAG,
+    build_assets,
+    build_definitions,
+    step_asset,
+)
 from marin_assets.core.execute import materialize_step
 from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.record import load_result, read_record

@@ -6,10 +6,19 @@ import os
 
 import pytest
 
-from marin_assets.core.execute import DependencyNotReadyError, StepResultError, materialize_step
+from marin_assets.core.execute import (
+    DependencyNotReadyError,
+    StepResultError,
+    materialize_step,
+)
 from marin_assets.core.lease import acquire
 from marin_assets.core.plan import plan
-from marin_assets.core.record import RECORD_FILE, RecordNotAvailableError, load_result, read_record
+from marin_assets.core.record import (
+    RECORD_FILE,
+    RecordNotAvailableError,
+    load_result,
+    read_record,
+)
 from marin_assets.core.status import Status, read_status, status_store
 from marin_assets.core.step import Step
 from marin_assets.pipeline.hello import Stats, numbers_step, stats_step

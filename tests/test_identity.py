@@ -10,7 +10,12 @@ import sys
 import pydantic
 import pytest
 
-from marin_assets.core.identity import UnhashableAttrError, canonical, canonical_json, identity_hash
+from marin_assets.core.identity import (
+    UnhashableAttrError,
+    canonical,
+    canonical_json,
+    identity_hash,
+)
 from tests.conftest import subprocess_env
 
 

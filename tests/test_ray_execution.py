@@ -13,7 +13,12 @@ import pytest
 from marin_assets import Resources, Step, build_definitions
 from marin_assets.core.execute import materialize_step
 from marin_assets.core.lease import LeaseLostError
-from marin_assets.core.ray_execution import InfeasibleRequestError, RayRequest, RemoteTraceback, run_on_ray
+from marin_assets.core.ray_execution import (
+    InfeasibleRequestError,
+    RayRequest,
+    RemoteTraceback,
+    run_on_ray,
+)
 from marin_assets.core.status import Status, read_status
 from resources import RayResource
 from tests.conftest import FAST

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from marin_assets.pipeline.corpus import generate_corpus
-from marin_assets.pipeline.text_files import DatasetError
-from marin_assets.pipeline.text_files import expand_files
-from marin_assets.pipeline.tokenize import TokenizerMismatchError, tokenize, tokenize_file
+from marin_assets.pipeline.text_files import DatasetError, expand_files
+from marin_assets.pipeline.tokenize import (
+    TokenizerMismatchError,
+    tokenize,
+    tokenize_file,
+)
 from marin_assets.pipeline.tokenizer import load_hf_tokenizer, train_tokenizer
 from tests.conftest import ROOT, subprocess_env
 

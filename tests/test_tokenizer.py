@@ -8,7 +8,12 @@ import pytest
 
 from marin_assets.pipeline.corpus import generate_corpus
 from marin_assets.pipeline.text_files import DatasetError
-from marin_assets.pipeline.tokenizer import TokenizerError, adopt_tokenizer, load_hf_tokenizer, train_tokenizer
+from marin_assets.pipeline.tokenizer import (
+    TokenizerError,
+    adopt_tokenizer,
+    load_hf_tokenizer,
+    train_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,21 @@ from marin_assets.core.identity import canonical
 from marin_assets.core.lease import Cached, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.paths import normalize_prefix, storage_prefix, using_prefix
 from marin_assets.core.provenance import current_provenance
-from marin_assets.core.record import ArtifactRecord, read_record, to_jsonable, type_name, write_record
-from marin_assets.core.status import LOCK_FILE, STATUS_FILE, Status, StatusRecord, read_status, status_store
+from marin_assets.core.record import (
+    ArtifactRecord,
+    read_record,
+    to_jsonable,
+    type_name,
+    write_record,
+)
+from marin_assets.core.status import (
+    LOCK_FILE,
+    STATUS_FILE,
+    Status,
+    StatusRecord,
+    read_status,
+    status_store,
+)
 from marin_assets.core.step import Step
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from marin_assets.core.status import Status, StatusRecord, StatusStore, Version, new_holder_id
+from marin_assets.core.status import (
+    Status,
+    StatusRecord,
+    StatusStore,
+    Version,
+    new_holder_id,
+)
 
 logger = logging.getLogger(__name__)
 

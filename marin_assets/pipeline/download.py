@@ -176,7 +176,11 @@ def download_hf(output_path: str, repo_id: str, revision: str = "main", include:
     Hugging Face client.
     """
     from huggingface_hub import HfApi
-    from huggingface_hub.utils import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.utils import (
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     api = HfApi()
     try:

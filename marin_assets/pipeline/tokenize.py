@@ -158,7 +158,10 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
 
 def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str, text_field: str = "text") -> None:
     """Concatenate finished sub-caches, in order, into one finished cache; resumable."""
-    from levanter.store.cache import _extend_cache_metadata_with_other, _extend_cache_with_other_cache
+    from levanter.store.cache import (
+        _extend_cache_metadata_with_other,
+        _extend_cache_with_other_cache,
+    )
 
     BatchTokenizer, _, CacheMetadata, TreeStore = _levanter()
     processor = BatchTokenizer(load_hf_tokenizer(tokenizer_path), text_field=text_field,

@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from marin_assets.core.step import Resources, Step
-from marin_assets.pipeline.text_files import DatasetError, expand_files, iter_documents, local_copy_of, local_dir_for
+from marin_assets.pipeline.text_files import (
+    DatasetError,
+    expand_files,
+    iter_documents,
+    local_copy_of,
+    local_dir_for,
+)
 
 EOS = "<|endoftext|>"
 BYTE_ALPHABET = 256
@@ -36,7 +42,14 @@ def train_tokenizer(output_path: str, dataset_path: str, vocab_size: int, files:
                     special_tokens: Sequence[str] = (EOS,), text_field: str = "text",
                     max_documents: int | None = None) -> TokenizerInfo:
     """Train a byte-level BPE tokenizer on a raw dataset and save it as a Hugging Face tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     special_tokens = list(special_tokens) or [EOS]

@@ -1,0 +1,157 @@
+"""Export a checkpoint to Hugging Face format, and evaluate a checkpoint on validation caches.
+
+Both read the training step's record to find its checkpoints, so any checkpoint (not only
+the last) can be exported or evaluated: the automation builds per-checkpoint evaluation on
+`evaluate_step(..., checkpoint_step=N)`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+from marin_assets.core.record import load_result
+from marin_assets.core.step import Resources, Step
+from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
+from marin_assets.pipeline.tokenize import TokenizedCache
+from marin_assets.pipeline.train import TrainResult
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: str
+    checkpoint: str
+    step: int
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    checkpoint: str
+    step: int | None
+    loss: float
+    bpb: float | None
+    per_dataset: dict[str, dict[str, float]]
+    """Validation set → {"loss": …, "bpb": …}."""
+    seconds: float
+
+
+def _step_of(checkpoint: str) -> int | None:
+    name = os.path.basename(checkpoint.rstrip("/"))
+    return int(name.split("-", 1)[1]) if name.startswith("step-") else None
+
+
+def export_hf(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_path: str) -> ExportResult:
+    """Convert a Levanter checkpoint to a Hugging Face model folder (config, safetensors, tokenizer)."""
+    from levanter.main.export_lm_to_hf import ConvertLmConfig, main
+
+    from marin_assets.pipeline.levanter_configs import (
+        model_config,
+        trainer_config,
+        write_reference_config,
+    )
+    from marin_assets.pipeline.tokenizer import load_hf_tokenizer
+
+    if not os.path.exists(os.path.join(checkpoint, "metadata.json")):
+        raise FileNotFoundError(f"no complete checkpoint at {checkpoint}")
+    with tempfile.TemporaryDirectory() as scratch:
+        reference = write_reference_config(model, len(load_hf_tokenizer(tokenizer_path)), os.path.join(scratch, "ref"))
+        cwd = os.getcwd()
+        os.chdir(scratch)  # Levanter's converter writes ./logs wherever it runs
+        try:
+            trainer = trainer_config(TrainerSpec(num_train_steps=1), "export", scratch, "marin.export")
+            main(ConvertLmConfig(trainer=trainer,
+                                 checkpoint_path=checkpoint, output_dir=output_path,
+                                 model=model_config(model, reference, tokenizer_path), tokenizer=tokenizer_path,
+                                 save_tokenizer=True, use_cpu=True))
+        finally:
+            os.chdir(cwd)
+    return ExportResult(output_path, checkpoint, _step_of(checkpoint) or 0)
+
+
+def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_path: str, caches: dict[str, str],
+                max_eval_batches: int | None = None, batch_size: int = 16) -> EvalResult:
+    """Loss and bits per byte of a Levanter checkpoint (or HF folder) on each validation cache."""
+    import json
+
+    from levanter.main import eval_lm
+
+    from marin_assets.pipeline.levanter_configs import (
+        JsonlMetrics,
+        data_config,
+        model_config,
+        read_metrics,
+        trainer_config,
+        write_reference_config,
+    )
+    from marin_assets.pipeline.tokenizer import load_hf_tokenizer
+
+    is_hf = os.path.exists(os.path.join(checkpoint, "config.json"))
+    if not is_hf and not os.path.exists(os.path.join(checkpoint, "metadata.json")):
+        raise FileNotFoundError(f"no complete checkpoint or Hugging Face model at {checkpoint}")
+    os.makedirs(output_path, exist_ok=True)
+    reference = write_reference_config(model, len(load_hf_tokenizer(tokenizer_path)),
+                                       os.path.join(output_path, "reference"))
+    run_id = f"eval-{os.path.basename(output_path.rstrip('/'))}"
+    logger_name = f"marin.metrics.{run_id}"
+    metrics_file = os.path.join(output_path, "metrics.jsonl")
+    if os.path.exists(metrics_file):
+        os.unlink(metrics_file)  # a retry measures again from scratch
+    spec = TrainerSpec(num_train_steps=1, train_batch_size=batch_size, max_eval_batches=max_eval_batches)
+    config = eval_lm.EvalLmConfig(
+        checkpoint_path=None if is_hf else checkpoint, hf_checkpoint=checkpoint if is_hf else None,
+        trainer=trainer_config(spec, run_id, output_path, logger_name),
+        data=data_config(tokenizer_path, caches, {k: 0.0 for k in caches} | {next(iter(caches)): 1.0}),
+        model=model_config(model, reference, tokenizer_path),
+    )
+    started = time.monotonic()
+    with JsonlMetrics(logger_name, metrics_file):
+        eval_lm.main(config)
+    logged: dict = {}
+    for values in read_metrics(metrics_file).values():
+        logged.update(values)
+    if "eval/loss" not in logged:
+        raise RuntimeError(f"evaluation of {checkpoint} logged no eval/loss")
+    per_dataset = {name: {"loss": logged[f"eval/{name}/loss"], "bpb": logged.get(f"eval/{name}/bpb")}
+                   for name in caches if f"eval/{name}/loss" in logged}
+    result = EvalResult(checkpoint, _step_of(checkpoint), logged["eval/loss"], logged.get("eval/bpb"), per_dataset,
+                        round(time.monotonic() - started, 2))
+    with open(os.path.join(output_path, "results.json"), "w") as f:
+        json.dump(result.__dict__, f, indent=2)
+    return result
+
+
+def _train_spec(train: Step) -> ModelSpec:
+    return train.hash_attrs["model"]
+
+
+def export_step(name: str, train: Step, checkpoint_step: int | None = None) -> Step:
+    def run(out: str) -> ExportResult:
+        result = load_result(train, TrainResult)
+        tokenizer = _tokenizer_path(train)
+        return export_hf(out, result.checkpoint_path(checkpoint_step), _train_spec(train), tokenizer)
+
+    return Step(name=name, fn=run, deps=[train], hash_attrs={"checkpoint_step": checkpoint_step}, kind="export",
+                description=export_hf.__doc__)
+
+
+def evaluate_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int | None = None,
+                  max_eval_batches: int | None = None) -> Step:
+    names = sorted(validation)
+
+    def run(out: str) -> EvalResult:
+        result = load_result(train, TrainResult)
+        caches = {k: load_result(validation[k], TokenizedCache).path for k in names}
+        return evaluate_lm(out, result.checkpoint_path(checkpoint_step), _train_spec(train), _tokenizer_path(train),
+                           caches, max_eval_batches)
+
+    return Step(name=name, fn=run, deps=[train] + [validation[k] for k in names],
+                hash_attrs={"checkpoint_step": checkpoint_step, "max_eval_batches": max_eval_batches,
+                            "validation": names},
+                resources=Resources(cpu=1), kind="eval", description=evaluate_lm.__doc__)
+
+
+def _tokenizer_path(train: Step) -> str:
+    tokenized = next(d for d in train.deps if d.kind == "tokenize")
+    return load_result(tokenized, TokenizedCache).tokenizer

@@ -1,0 +1,178 @@
+"""Train: Levanter `train_lm` on a weighted mixture of tokenized caches, resumable.
+
+Checkpoints live under the output path with a run id taken from it, so materializing again
+after a crash or an interruption resumes from the last checkpoint. The last step is always
+checkpointed. The record holds the steps, final losses, tokens/s, the checkpoint steps and
+the loss curve, read from Levanter's JSON metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from marin_assets.core.identity import canonical
+from marin_assets.core.record import load_result
+from marin_assets.core.step import Resources, Step, StepDefinitionError
+from marin_assets.pipeline.specs import (
+    ModelSpec,
+    OptimizerSpec,
+    SpecError,
+    TrainerSpec,
+    check_weights,
+)
+from marin_assets.pipeline.tokenize import TokenizedCache
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_id: str
+    steps: int
+    final_train_loss: float | None
+    final_eval_loss: float | None
+    eval_losses: dict[str, float]
+    """Final eval loss per validation set."""
+    tokens_per_second: float | None
+    checkpoint_steps: list[int]
+    checkpoint_dir: str
+    hf_dir: str | None
+    parameter_count: int | None = None
+    train_seconds: float = 0.0
+    loss_curve: list[list[float]] = field(default_factory=list)
+    """[step, train loss] pairs."""
+    eval_curve: list[list[float]] = field(default_factory=list)
+    """[step, eval loss] pairs."""
+
+    def checkpoint_path(self, step: int | None = None) -> str:
+        """The checkpoint of `step` (default: the last)."""
+        chosen = self.checkpoint_steps[-1] if step is None else step
+        if chosen not in self.checkpoint_steps:
+            raise ValueError(f"no checkpoint at step {chosen}; have {self.checkpoint_steps}")
+        return os.path.join(self.checkpoint_dir, f"step-{chosen}")
+
+
+def checkpoint_steps(run_dir: str) -> list[int]:
+    """Complete checkpoints only: a step folder counts once its metadata.json is written."""
+    if not os.path.isdir(run_dir):
+        return []
+    steps = []
+    for name in os.listdir(run_dir):
+        if name.startswith("step-") and os.path.exists(os.path.join(run_dir, name, "metadata.json")):
+            steps.append(int(name.split("-", 1)[1]))
+    return sorted(steps)
+
+
+def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weights: dict[str, float],
+             model: ModelSpec, optimizer: OptimizerSpec, trainer: TrainerSpec) -> TrainResult:
+    """Train a language model with Levanter on a mixture of Levanter caches (resumes if interrupted)."""
+    check_weights(weights)
+    missing = set(weights) - set(caches)
+    if missing:
+        raise SpecError(f"mixture weights name unknown components: {sorted(missing)}")
+    from levanter.main import train_lm as levanter_train
+
+    from marin_assets.pipeline.levanter_configs import (
+        JsonlMetrics,
+        data_config,
+        model_config,
+        optimizer_config,
+        trainer_config,
+        write_reference_config,
+    )
+    from marin_assets.pipeline.tokenizer import load_hf_tokenizer
+
+    output_path = os.path.abspath(output_path)  # Levanter cannot delete temporary checkpoints under relative paths
+    run_id = os.path.basename(output_path.rstrip("/"))
+    checkpoint_dir = os.path.join(output_path, "checkpoints")
+    run_dir = os.path.join(checkpoint_dir, run_id)
+    vocab = len(load_hf_tokenizer(tokenizer_path))
+    reference = write_reference_config(model, vocab, os.path.join(output_path, "reference"))
+    logger_name = f"marin.metrics.{run_id}"
+    config = levanter_train.TrainLmConfig(
+        data=data_config(tokenizer_path, caches, weights),
+        model=model_config(model, reference, tokenizer_path),
+        trainer=trainer_config(trainer, run_id, output_path, logger_name, checkpoint_dir),
+        optimizer=optimizer_config(optimizer),
+        hf_save_path=os.path.join(output_path, "hf"),
+        hf_save_steps=10**9,  # only the forced export at the end
+    )
+    started = time.monotonic()
+    done = checkpoint_steps(run_dir)
+    if not done or done[-1] + 1 < trainer.num_train_steps:  # Levanter refuses to re-run a finished run
+        with JsonlMetrics(logger_name, os.path.join(output_path, METRICS_FILE)):
+            levanter_train.main(config)
+    return summarize(output_path, run_id, trainer, time.monotonic() - started)
+
+
+def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: float) -> TrainResult:
+    from marin_assets.pipeline.levanter_configs import SUMMARY_STEP, read_metrics
+
+    metrics = read_metrics(os.path.join(output_path, METRICS_FILE))
+    params = metrics.pop(SUMMARY_STEP, {}).get("parameter_count")
+    train = [[s, m["train/loss"]] for s, m in sorted(metrics.items()) if "train/loss" in m]
+    evals = [[s, m["eval/loss"]] for s, m in sorted(metrics.items()) if "eval/loss" in m]
+    last_eval = next((m for _, m in sorted(metrics.items(), reverse=True) if "eval/loss" in m), {})
+    per_set = {k.split("/")[1]: v for k, v in last_eval.items()
+               if k.startswith("eval/") and k.endswith("/loss") and k.count("/") == 2}
+    throughput = [m["throughput/tokens_per_second"] for m in metrics.values() if "throughput/tokens_per_second" in m]
+    hf_root = os.path.join(output_path, "hf", run_id)
+    hf_steps = sorted(int(n.split("-")[1]) for n in os.listdir(hf_root)) if os.path.isdir(hf_root) else []
+    run_dir = os.path.join(output_path, "checkpoints", run_id)
+    return TrainResult(
+        run_id=run_id, steps=trainer.num_train_steps,
+        final_train_loss=train[-1][1] if train else None, final_eval_loss=last_eval.get("eval/loss"),
+        eval_losses=per_set,
+        tokens_per_second=round(sorted(throughput)[len(throughput) // 2], 1) if throughput else None,
+        checkpoint_steps=checkpoint_steps(run_dir), checkpoint_dir=run_dir,
+        hf_dir=os.path.join(hf_root, f"step-{hf_steps[-1]}") if hf_steps else None,
+        parameter_count=params, train_seconds=round(seconds, 2), loss_curve=train, eval_curve=evals,
+    )
+
+
+def tokenizer_of(tokenized: Step) -> Step | None:
+    return next((d for d in tokenized.deps if d.kind == "tokenizer"), None)
+
+
+def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec(),
+               optimizer: OptimizerSpec = OptimizerSpec(), trainer: TrainerSpec = TrainerSpec(),
+               weights: dict[str, float] | None = None, validation: dict[str, Step] | None = None,
+               cpu: float = 1, tpu_type: str | None = None) -> Step:
+    """A training step on a mixture: `train` components (default weight 1), `validation` ones weight 0."""
+    weights = dict(weights or {k: 1.0 for k in train})
+    components = {**train, **(validation or {})}
+    for k in validation or {}:
+        weights.setdefault(k, 0.0)
+    try:
+        check_weights(weights)
+    except SpecError as e:
+        raise StepDefinitionError(f"step {name!r}: {e}") from None
+    unknown = set(weights) - set(components)
+    if unknown:
+        raise StepDefinitionError(f"step {name!r}: weights for unknown components {sorted(unknown)}")
+    tokenizers = {k: tokenizer_of(s) for k, s in components.items()}
+    if len({t.name_with_hash if t else None for t in tokenizers.values()}) > 1:
+        described = {k: t.name_with_hash if t else "?" for k, t in tokenizers.items()}
+        raise StepDefinitionError(f"step {name!r}: the mixture mixes tokenizers: {described}")
+    names = sorted(components)
+
+    def run(out: str) -> TrainResult:
+        results = {k: load_result(components[k], TokenizedCache) for k in names}
+        fingerprints = {r.tokenizer_fingerprint for r in results.values()}
+        if len(fingerprints) > 1:
+            raise SpecError(f"the mixture's caches were built with different tokenizers: {fingerprints}")
+        first = results[names[0]]
+        return train_lm(out, first.tokenizer, {k: r.path for k, r in results.items()}, weights,
+                        model, optimizer, trainer)
+
+    return Step(
+        name=name,
+        fn=run,
+        deps=[components[k] for k in names],
+        hash_attrs={"weights": canonical(weights), "model": model, "optimizer": optimizer, "trainer": trainer},
+        resources=Resources(cpu=cpu, tpu_type=tpu_type),
+        kind="train",
+        description=train_lm.__doc__,
+    )
