@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from measure import time_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("raw", "tokenized", "checkpoints", "evals")
@@ -93,8 +94,8 @@ def measure_load(n_assets: int = 1000, reps: int = 7) -> dict:
             out = subprocess.run([sys.executable, __file__, "load", kind, str(n_assets)], cwd=ROOT,
                                  capture_output=True, text=True, check=True)
             samples[kind].append(float(out.stdout.strip().splitlines()[-1]))
-    return summarize(f"load of a {n_assets}-asset graph: adapter ÷ plain @asset",
-                     samples["adapter"], samples["plain"], goal=1.2)
+    return time_ratio(f"load of a {n_assets}-asset graph: adapter ÷ plain @asset (CPU s)",
+                      samples["adapter"], samples["plain"], at_most=1.2)
 
 
 def measure_cached_materialize(n_assets: int = 30, reps: int = 5) -> dict:
@@ -119,23 +120,8 @@ def measure_cached_materialize(n_assets: int = 30, reps: int = 5) -> dict:
                     cached = {e.materialization.metadata["cached"].value for e in events}
                     assert cached == {True}, "benchmark graph was not all cached"
         instance.dispose()
-    return summarize(f"re-materialize a cached {n_assets}-asset graph ÷ no-op assets",
-                     samples["ours"], samples["plain"], goal=1.1)
-
-
-def summarize(name: str, ours: list[float], reference: list[float], goal: float) -> dict:
-    ratios = [a / b for a, b in zip(ours, reference)]
-    ratio = statistics.median(ours) / statistics.median(reference)
-    return {
-        "measure": name,
-        "ratio": round(ratio, 3),
-        "spread": [round(min(ratios), 3), round(max(ratios), 3)],
-        "ours_median_s": round(statistics.median(ours), 4),
-        "reference_median_s": round(statistics.median(reference), 4),
-        "reps": len(ours),
-        "goal": f"<= {goal}",
-        "met": ratio <= goal,
-    }
+    return time_ratio(f"re-materialize a cached {n_assets}-asset graph ÷ no-op assets",
+                      samples["ours"], samples["plain"], at_most=1.1)
 
 
 if __name__ == "__main__":

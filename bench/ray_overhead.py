@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 
-from adapter_overhead import summarize
+from measure import time_ratio
 
 
 def busy(seconds: float, output_path: str) -> dict:
@@ -59,11 +59,10 @@ def measure(reps: int = 7) -> list[dict]:
                         start = time.perf_counter()
                         materialize_step(step, prefix=tmp, settings=settings, force=True, run_fn=run_fn)
                         samples[kind].append(time.perf_counter() - start)
-                result = summarize(f"{label} through warm Ray ÷ in process", samples["ray"], samples["local"],
-                                   goal=float("inf"))
+                result = time_ratio(f"{label} through warm Ray ÷ in process", samples["ray"], samples["local"],
+                                    at_most=None)
                 fixed = statistics.median(samples["ray"]) - statistics.median(samples["local"])
                 result["fixed_cost_s"] = round(fixed, 4)
-                result["goal"] = "report"
                 out.append(result)
         finally:
             resource.shutdown()

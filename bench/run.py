@@ -1,39 +1,94 @@
-"""Run every benchmark and print its ratios, measured side by side in this one run.
+"""Run every benchmark, print the ratios and write docs/benchmarks.md.
 
-    make bench            # or: .venv/bin/python bench/run.py [--json]
+    make bench                                   # everything (~10 min on 2 cores)
+    .venv/bin/python bench/run.py --quick        # a smoke run: fewer repetitions, no demo
+    .venv/bin/python bench/run.py --json         # machine-readable
+
+Every measure is a ratio against its reference, measured side by side (A B A B) in this run.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import os
 import platform
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import adapter_overhead  # noqa: E402
+import pipeline_throughput  # noqa: E402
 import ray_overhead  # noqa: E402
 
-BENCHMARKS = [adapter_overhead.measure_load, adapter_overhead.measure_cached_materialize, ray_overhead.measure]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def benchmarks(quick: bool) -> list:
+    reps = 2 if quick else None
+    plan = [
+        lambda: adapter_overhead.measure_load(reps=reps or 7),
+        lambda: adapter_overhead.measure_cached_materialize(reps=reps or 5),
+        lambda: ray_overhead.measure(reps=reps or 7),
+        lambda: pipeline_throughput.measure_tokenize(reps=reps or 5, documents=10_000 if quick else 40_000),
+        lambda: pipeline_throughput.measure_train(reps=1 if quick else 2, steps=20 if quick else 100),
+    ]
+    if not quick:
+        plan.append(pipeline_throughput.measure_demo)
+    return plan
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.machine()}, {os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, Python {platform.python_version()}"
+
+
+def row(r: dict) -> str:
+    met = "—" if r["goal"] == "report" else ("yes" if r["met"] else "**no**")
+    extra = f" (fixed cost {r['fixed_cost_s'] * 1000:.0f} ms)" if "fixed_cost_s" in r else ""
+    return (f"| {r['measure']}{extra} | {r['ratio']:.3f} | {r['spread'][0]:.2f}–{r['spread'][1]:.2f} | "
+            f"{r['ours']:g} | {r['reference']:g} | {r['unit']} | {r['reps']} | {r['goal']} | {met} |")
+
+
+def write_page(results: list[dict], quick: bool) -> Path:
+    page = ROOT / "docs" / "benchmarks.md"
+    page.parent.mkdir(exist_ok=True)
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Measured by `make bench` on {_dt.date.today().isoformat()}{' (quick mode)' if quick else ''}: {machine()}.",
+        "Each ratio compares ours with its reference measured side by side in the same run (A B A B);",
+        "the spread is the range of the per-pair ratios.",
+        "",
+        "| measure | ratio | spread | ours | reference | unit | reps | goal | met |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *[row(r) for r in results],
+        "",
+    ]
+    notes = ROOT / "bench" / "NOTES.md"
+    if notes.exists():
+        lines += [notes.read_text()]
+    page.write_text("\n".join(lines))
+    return page
 
 
 def main() -> int:
-    results = []
-    for bench in BENCHMARKS:
+    quick = "--quick" in sys.argv
+    results: list[dict] = []
+    for bench in benchmarks(quick):
         found = bench()
-        results.extend(found if isinstance(found, list) else [found])
+        for r in found if isinstance(found, list) else [found]:
+            results.append(r)
+            print(row(r), flush=True)
     if "--json" in sys.argv:
         print(json.dumps(results, indent=2))
-        return 0
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"{'measure':<60} {'ratio':>6}  {'spread':<15} {'ours s':>8} {'ref s':>8}  goal     met")
-    for r in results:
-        spread = f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f}"
-        met = "-" if r["goal"] == "report" else ("yes" if r["met"] else "NO")
-        extra = f"  (fixed cost {r['fixed_cost_s'] * 1000:.0f} ms)" if "fixed_cost_s" in r else ""
-        print(f"{r['measure']:<60} {r['ratio']:>6.3f}  {spread:<15} {r['ours_median_s']:>8.3f} "
-              f"{r['reference_median_s']:>8.3f}  {r['goal']:<8} {met}{extra}")
+    print(f"\nwrote {write_page(results, quick)}")
     return 0
 
 

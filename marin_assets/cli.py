@@ -1,6 +1,6 @@
 """`marin-assets`: what Dagster does not do — plan a selection, show where outputs are.
 
-    marin-assets plan --select 'hello/*' [--json] [-f definitions.py | -m module]
+    marin-assets plan --select '*hello/report' [--json] [-f definitions.py | -m module]
     marin-assets status --select '*'
 """
 
@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn, help_ in (("plan", cmd_plan, "what materializing a selection would do, and why"),
                             ("status", cmd_status, "where outputs are and how they were last materialized")):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--select", required=True, help="Dagster asset selection, e.g. 'hello/*' or '+hello/stats'")
+        p.add_argument("--select", required=True,
+                       help="Dagster asset selection, e.g. '*hello/report' (it and all upstream) or 'hello/stats+'")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         where = p.add_mutually_exclusive_group()
         where.add_argument("-f", "--file", help="definitions file (default ./definitions.py)")

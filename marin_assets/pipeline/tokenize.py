@@ -16,6 +16,8 @@ import asyncio
 import hashlib
 import json
 import os
+import queue
+import threading
 import time
 import types
 from collections.abc import Sequence
@@ -111,7 +113,7 @@ def _expose_rows(store, rows: int) -> None:
 
 
 def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str = "text",
-                  batch_size: int = 1024, rows_per_commit: int = 8192) -> tuple[int, int]:
+                  batch_size: int = 512, rows_per_commit: int = 8192) -> tuple[int, int]:
     """One input file → one sub-cache with its own ledger; resumes from its last commit.
 
     Returns (documents, tokens).
@@ -131,29 +133,89 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
     store = TreeStore.open(processor.output_exemplar, part_dir, mode="a", cache_metadata=False)
     if len(store) > ledger.total_num_rows:  # crashed after writing, before committing
         _expose_rows(store, ledger.total_num_rows)
-    done, pending, batch = ledger.total_num_rows, [], []
+    skip = ledger.total_num_rows
 
-    def flush(final: bool) -> None:
-        nonlocal done, pending
-        if pending:
-            store.extend(pending)
-            done += len(pending)
-            pending = []
-        _commit(part_dir, done, {shard: done}, [shard] if final else [], final, metadata)
+    # Three stages overlap on separate cores: parsing (reader thread), tokenizing (here; the
+    # Rust tokenizer releases the GIL), writing and committing in order (writer thread).
+    batches: queue.Queue = queue.Queue(maxsize=4)
+    tokenized: queue.Queue = queue.Queue(maxsize=4)
+    failure: dict[str, BaseException] = {}
+    done = {"rows": skip}
 
-    for index, (_, _, text) in enumerate(iter_documents([file], text_field)):
-        if index < ledger.total_num_rows:
-            continue
-        batch.append({text_field: text})
-        if len(batch) >= batch_size:
-            pending.extend(processor(batch))
-            batch = []
-            if len(pending) >= rows_per_commit:
-                flush(final=False)
-    if batch:
-        pending.extend(processor(batch))
-    flush(final=True)
-    return done, int(store.tree["input_ids"].data_size)
+    def read() -> None:
+        try:
+            batch: list[dict] = []
+            for index, (_, _, text) in enumerate(iter_documents([file], text_field)):
+                if index < skip:
+                    continue
+                batch.append({text_field: text})
+                if len(batch) >= batch_size:
+                    batches.put(batch)
+                    batch = []
+            if batch:
+                batches.put(batch)
+        except BaseException as e:
+            failure["read"] = e
+        finally:
+            batches.put(None)
+
+    def write() -> None:
+        pending: list = []
+        try:
+            while (rows := tokenized.get()) is not None:
+                pending.extend(rows)
+                if len(pending) >= rows_per_commit:
+                    store.extend(pending)
+                    done["rows"] += len(pending)
+                    pending = []
+                    _commit(part_dir, done["rows"], {shard: done["rows"]}, [], False, metadata)
+            if pending:
+                store.extend(pending)
+                done["rows"] += len(pending)
+        except BaseException as e:
+            failure["write"] = e
+            while tokenized.get() is not None:  # keep the producer from blocking
+                pass
+
+    reader = threading.Thread(target=read, name=f"read {shard}", daemon=True)
+    writer = threading.Thread(target=write, name=f"write {shard}", daemon=True)
+    reader.start()
+    writer.start()
+    encode = _encoder(processor, text_field)
+    try:
+        while (batch := batches.get()) is not None:
+            tokenized.put(encode(batch))
+    finally:
+        tokenized.put(None)
+        writer.join()
+        while reader.is_alive():  # drain so a failed tokenizer does not leave the reader blocked
+            if batches.get() is None:
+                break
+        reader.join()
+    if failure:
+        raise failure.get("read") or failure["write"]
+    _commit(part_dir, done["rows"], {shard: done["rows"]}, [shard], True, metadata)
+    return done["rows"], int(store.tree["input_ids"].data_size)
+
+
+def _encoder(processor, text_field: str):
+    """Levanter's BatchTokenizer, or — when the tokenizer itself frames documents with BOS/EOS
+    and nothing else needs doing — the Rust tokenizer directly, with identical output and
+    without the Python-side conversions of the transformers wrapper."""
+    fast = getattr(processor.tokenizer, "_tokenizer", None)
+    plain = (fast is not None and not processor._need_to_add_bos and not processor._need_to_add_eos
+             and processor.padding is False and not processor.return_attention_mask)
+    if not plain:
+        return processor
+    limit = processor._workaround_len if processor._needs_long_sequence_workaround else None
+
+    def encode(batch: list[dict]) -> list[dict]:
+        texts = [row[text_field] for row in batch]
+        if limit is not None and any(len(t) > limit for t in texts):
+            return processor(batch)
+        return [{"input_ids": e.ids} for e in fast.encode_batch(texts)]
+
+    return encode
 
 
 def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str, text_field: str = "text") -> None:
