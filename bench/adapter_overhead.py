@@ -49,7 +49,11 @@ def adapter_definitions(n_assets: int):
     for name, parent in graph_shape(n_assets):
         deps = [steps[parent]] if parent else []
         steps[name] = Step(name=name, fn=noop, deps=deps, hash_attrs={"index": name, "lr": 1e-3})
-    return build_definitions(list(steps.values()))
+    from resources import RayResource
+
+    bench_dir = os.path.dirname(os.path.abspath(__file__))  # where `noop` lives, for the Ray workers
+    return build_definitions(list(steps.values()),
+                             resources={"ray": RayResource(runtime_env={"env_vars": {"PYTHONPATH": bench_dir}})})
 
 
 def plain_definitions(n_assets: int):

@@ -94,8 +94,10 @@ def materialize_step(
     store = status_store(out)
 
     current = store.read()[0]
-    if not (current and current.status is Status.SUCCESS and not force):
-        _wait_for_deps(step, prefix, settings, log)
+    if current is not None and current.status is Status.SUCCESS and not force:  # the common case: a cache hit
+        return StepOutcome(step, out, read_record(out, status=current), cached=True,
+                           duration_s=time.monotonic() - started, waited_s=0.0)
+    _wait_for_deps(step, prefix, settings, log)
 
     def on_wait(holder) -> None:
         log.info(f"{step.name}: waiting for {holder.holder} (run {holder.run_id}) computing {out}")

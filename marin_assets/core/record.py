@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
-from marin_assets.core.status import Status, read_status
+from marin_assets.core.status import Status, StatusRecord, read_status
 
 RECORD_FILE = ".artifact.json"
 T = TypeVar("T")
@@ -78,9 +78,12 @@ def write_record(output_path: str, record: ArtifactRecord) -> None:
     atomic_write(record_path(output_path), record.to_json().encode())
 
 
-def read_record(output_path: str) -> ArtifactRecord:
-    """The record of a step that succeeded at `output_path`; error otherwise."""
-    status = read_status(output_path)
+def read_record(output_path: str, status: StatusRecord | None = None) -> ArtifactRecord:
+    """The record of a step that succeeded at `output_path`; error otherwise.
+
+    `status`: the status object just read by the caller, to save reading it again.
+    """
+    status = status or read_status(output_path)
     if status is None or status.status is not Status.SUCCESS:
         state = "no status" if status is None else status.status.value
         raise RecordNotAvailableError(f"no successful output at {output_path} ({state})")
