@@ -159,3 +159,33 @@ def test_changing_vocab_size_makes_everything_downstream_unsynced_and_plan_names
     assert rows["tokenizers/t-bpe"].changed == [{"field": "vocab_size", "old": 400, "new": 420}]
     assert rows["raw/t"].action == "reuse" and rows["tokenized/t-bpe"].action == "run"
     assert any(c["field"] == "deps[tokenizers/t-bpe]" for c in rows["tokenized/t-bpe"].changed)
+
+
+def test_gpt2_trains_and_exports_offline(cache, tmp_path):
+    root, tok, path = cache
+    gpt2 = ModelSpec(family="gpt2", hidden_dim=32, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
+    result = train_lm(str(tmp_path / "gpt2"), tok, {"stories": path}, {"stories": 1.0}, gpt2, FAST_LR,
+                      TrainerSpec(num_train_steps=6, train_batch_size=4, checkpoint_every=5, steps_per_eval=5,
+                                  max_eval_batches=1))
+    assert result.checkpoint_steps == [5]
+    exported = export_hf(str(tmp_path / "hf"), result.checkpoint_path(), gpt2, tok)
+    with open(os.path.join(exported.path, "config.json")) as f:
+        assert json.load(f)["architectures"] == ["GPT2LMHeadModel"]
+
+
+def test_a_sweep_expands_a_grid_sharing_the_tokenized_cache():
+    from marin_assets.pipeline.sweep import lr_model_sweep
+
+    base = small_pipeline()
+    models = {"xs": TINY, "s": ModelSpec(hidden_dim=64, intermediate_dim=128, num_layers=2, num_heads=2,
+                                         num_kv_heads=2, seq_len=64)}
+    steps = lr_model_sweep("sweep", {"stories": base["tokenized"]}, models, [1e-3, 3e-3], trainer=SHORT)
+    names = [s.name for s in steps]
+    assert names == ["checkpoints/sweep-xs-lr0.001", "evals/sweep-xs-lr0.001", "checkpoints/sweep-xs-lr0.003",
+                     "evals/sweep-xs-lr0.003", "checkpoints/sweep-s-lr0.001", "evals/sweep-s-lr0.001",
+                     "checkpoints/sweep-s-lr0.003", "evals/sweep-s-lr0.003"]
+    trains = [s for s in steps if s.kind == "train"]
+    assert len({s.hash for s in trains}) == 4
+    assert all(s.deps == (base["tokenized"],) for s in trains)  # one shared cache
+    keys = build_definitions(steps).resolve_asset_graph().get_all_asset_keys()
+    assert len(keys) == 8 + 3  # + raw, tokenizer, tokenized

@@ -116,3 +116,22 @@ def test_files_fan_out_to_ray_tasks_with_identical_output(inputs, tmp_path, loca
     tokenize(str(tmp_path / "ray"), raw, tok, workers=2)
     a, b = read_tokens(str(tmp_path / "serial" / "train"), tok), read_tokens(str(tmp_path / "ray" / "train"), tok)
     assert len(a) == len(b) == 6000 and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_bad_input_through_the_step_names_the_asset_and_leaves_no_success(inputs, tmp_path, prefix):
+    from marin_assets.core.execute import materialize_step
+    from marin_assets.core.status import Status, read_status
+    from marin_assets.core.step import Step
+    from tests.conftest import FAST
+
+    _, tok, _ = inputs
+    bad = tmp_path / "bad"
+    (bad / "train").mkdir(parents=True)
+    (bad / "train" / "a.jsonl").write_text('{"text": "one"}\n{"text": 7}\n')
+    step = Step(name="tokenized/bad-data", fn=lambda out: tokenize(out, str(bad), tok, splits={"train": ["train/*"]}))
+    with pytest.raises(DatasetError) as e:
+        materialize_step(step, settings=FAST)
+    assert "a.jsonl, line 2: 'text' is int, not text" in str(e.value)
+    assert "while materializing step 'tokenized/bad-data'" in "".join(e.value.__notes__)
+    assert read_status(step.output_path).status is Status.FAILED
+    assert not os.path.exists(os.path.join(step.output_path, ".artifact.json"))
