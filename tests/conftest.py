@@ -61,3 +61,15 @@ def record_call(events_file: str, fn, output_path: str):
 
 def calls(events_file) -> list[int]:
     return [int(x) for x in Path(events_file).read_text().split()] if Path(events_file).exists() else []
+
+
+def corpus_and_tokenizer(root: Path, train_documents: int, validation_documents: int, seed: int, shards: int,
+                         vocab_size: int = 400) -> tuple[str, str]:
+    """A generated corpus under `root/raw` and a BPE tokenizer trained on it under `root/tok`."""
+    from marin_assets.pipeline.corpus import generate_corpus
+    from marin_assets.pipeline.tokenizer import train_tokenizer
+
+    raw = str(root / "raw")
+    generate_corpus(raw, train_documents=train_documents, validation_documents=validation_documents, seed=seed,
+                    shards=shards)
+    return raw, train_tokenizer(str(root / "tok"), raw, vocab_size=vocab_size).path

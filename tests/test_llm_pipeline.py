@@ -13,18 +13,16 @@ import pytest
 
 from marin_assets import StepDefinitionError, build_definitions, load_result
 from marin_assets.experiments import tiny_stories
-from marin_assets.pipeline.corpus import generate_corpus
 from marin_assets.pipeline.evaluate import EvalResult, evaluate_lm, export_hf
 from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, SpecError, TrainerSpec
 from marin_assets.pipeline.tokenize import tokenize
-from marin_assets.pipeline.tokenizer import train_tokenizer
 from marin_assets.pipeline.train import (
     TrainResult,
     checkpoint_steps,
     train_lm,
     train_step,
 )
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, corpus_and_tokenizer, subprocess_env
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
 FAST_LR = OptimizerSpec(learning_rate=1e-2)
@@ -34,9 +32,7 @@ SHORT = TrainerSpec(num_train_steps=12, train_batch_size=4, checkpoint_every=5, 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("llm")
-    raw = str(root / "raw")
-    generate_corpus(raw, train_documents=800, validation_documents=60, seed=1, shards=2)
-    tok = train_tokenizer(str(root / "tok"), raw, vocab_size=400).path
+    raw, tok = corpus_and_tokenizer(root, train_documents=800, validation_documents=60, seed=1, shards=2)
     tokenize(str(root / "cache"), raw, tok)
     return root, tok, str(root / "cache")
 

@@ -9,7 +9,6 @@ import time
 import numpy as np
 import pytest
 
-from marin_assets.pipeline.corpus import generate_corpus
 from marin_assets.pipeline.text_files import DatasetError, expand_files
 from marin_assets.pipeline.tokenize import (
     TokenizerMismatchError,
@@ -17,15 +16,13 @@ from marin_assets.pipeline.tokenize import (
     tokenize_file,
 )
 from marin_assets.pipeline.tokenizer import load_hf_tokenizer, train_tokenizer
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import ROOT, corpus_and_tokenizer, subprocess_env
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("tok")
-    raw = str(root / "raw")
-    generate_corpus(raw, train_documents=6000, validation_documents=200, seed=5, shards=6)
-    tok = train_tokenizer(str(root / "tok"), raw, vocab_size=400).path
+    raw, tok = corpus_and_tokenizer(root, train_documents=6000, validation_documents=200, seed=5, shards=6)
     other = train_tokenizer(str(root / "other"), raw, vocab_size=300).path
     return raw, tok, other
 
