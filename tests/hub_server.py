@@ -347,7 +347,7 @@ def use_hub(monkeypatch, url: str, token: str | None = None) -> None:
         `file_download.HUGGINGFACE_CO_URL_TEMPLATE`, a copy bound at import, then swaps the
         endpoint prefix only if the URL starts with `constants.ENDPOINT` -- patching
         `constants.ENDPOINT` alone sends repo_info to the local server but file reads to
-        https://huggingface.co;
+        the public hub;
       * `constants.HF_HUB_OFFLINE` is read when a thread's requests Session is created, and
         sessions are cached per thread: `reset_sessions()` drops any offline (or online) one;
       * fsspec caches HfFileSystem instances per thread and each keeps the endpoint it was made
