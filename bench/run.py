@@ -9,6 +9,7 @@ Every measure is a ratio against its reference, measured side by side (A B A B) 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -41,10 +42,8 @@ def benchmarks(quick: bool) -> list:
 
 def machine() -> str:
     cpu = "unknown CPU"
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
+        cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{platform.machine()}, {os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, Python {platform.python_version()}"
 

@@ -10,6 +10,7 @@ instead of waiting forever; an interrupted run cancels its task.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -296,14 +297,10 @@ def _remote_functions() -> tuple[Any, Any]:
     return step_task, slice_driver
 
 
-_REMOTES: tuple[Any, Any] | None = None
-
-
+@functools.cache
 def _remotes() -> tuple[Any, Any]:
-    global _REMOTES
-    if _REMOTES is None:
-        _REMOTES = _remote_functions()
-    return _REMOTES
+    """The remote functions, defined once per process (and only once Ray is needed)."""
+    return _remote_functions()
 
 
 def _multiplex(generators: list, stop: threading.Event | None = None) -> Iterator[tuple]:

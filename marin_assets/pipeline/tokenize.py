@@ -13,6 +13,7 @@ another tokenizer is refused.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -89,6 +90,15 @@ def _levanter():
     return BatchTokenizer, CacheLedger, CacheMetadata, TreeStore
 
 
+@functools.lru_cache(maxsize=8)
+def _processor(tokenizer_path: str, text_field: str):
+    """Levanter's tokenizing processor for a tokenizer folder, loaded once per process and path
+    (a content-addressed tokenizer folder never changes)."""
+    BatchTokenizer, _, _, _ = _levanter()
+    return BatchTokenizer(load_hf_tokenizer(tokenizer_path), text_field=text_field,
+                          enforce_bos=True, enforce_eos=True)
+
+
 def _commit(cache_dir: str, rows: int, shard_rows: dict, finished: list, done: bool, metadata):
     _, CacheLedger, _, _ = _levanter()
     ledger = CacheLedger(total_num_rows=rows, shard_rows=dict(shard_rows), is_finished=done,
@@ -118,9 +128,8 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
 
     Returns (documents, tokens).
     """
-    BatchTokenizer, _, CacheMetadata, TreeStore = _levanter()
-    processor = BatchTokenizer(load_hf_tokenizer(tokenizer_path), text_field=text_field,
-                               enforce_bos=True, enforce_eos=True)
+    _, _, CacheMetadata, TreeStore = _levanter()
+    processor = _processor(tokenizer_path, text_field)
     metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
     # Unique within the split even when two folders hold files of one name.
     shard = f"{os.path.basename(part_dir)}-{os.path.basename(file)}".replace(".", "_")
@@ -225,9 +234,8 @@ def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str, t
         _extend_cache_with_other_cache,
     )
 
-    BatchTokenizer, _, CacheMetadata, TreeStore = _levanter()
-    processor = BatchTokenizer(load_hf_tokenizer(tokenizer_path), text_field=text_field,
-                               enforce_bos=True, enforce_eos=True)
+    _, _, CacheMetadata, TreeStore = _levanter()
+    processor = _processor(tokenizer_path, text_field)
     exemplar = processor.output_exemplar
     ledger = _load_ledger(cache_dir)
     if ledger is not None and ledger.is_finished:
@@ -262,8 +270,8 @@ def _finished_stats(cache_dir: str, tokenizer_path: str, text_field: str, files:
     ledger = _load_ledger(cache_dir)
     if ledger is None or not ledger.is_finished:
         return None
-    BatchTokenizer, _, _, TreeStore = _levanter()
-    exemplar = BatchTokenizer(load_hf_tokenizer(tokenizer_path), text_field=text_field).output_exemplar
+    _, _, _, TreeStore = _levanter()
+    exemplar = _processor(tokenizer_path, text_field).output_exemplar
     store = TreeStore.open(exemplar, cache_dir, mode="r", cache_metadata=False)
     return SplitStats(ledger.total_num_rows, int(store.tree["input_ids"].data_size), files)
 
@@ -307,7 +315,7 @@ def tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
     if fs.exists(root):
         fs.rm(root, recursive=True)  # merged: the sub-caches would only double the disk used
     tokens = sum(s.tokens for s in stats.values())
-    vocab = len(load_hf_tokenizer(tokenizer_path))
+    vocab = len(_processor(tokenizer_path, text_field).tokenizer)
     return TokenizedCache(output_path, tokenizer_path, fingerprint, vocab, stats,
                           round(tokens / max(time.monotonic() - started, 1e-9), 1))
 
