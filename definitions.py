@@ -1,10 +1,40 @@
-"""The Dagster definitions of this project: `dagster dev` and `dagster asset materialize` load this."""
+"""The Dagster definitions of this project: `dagster dev` and `dagster asset materialize` load this.
+
+Sensors and schedules start switched off; turn them on in the UI (Automation) or with
+`dagster sensor start <name>` / `dagster schedule start <name>` (see the README).
+"""
+
+import os
+
+import dagster as dg
 
 from marin_assets import build_definitions
+from marin_assets.automation import (
+    automate,
+    automation_sensor,
+    checkpoint_evals_asset,
+    checkpoint_sensor,
+    source_sensor,
+    unsynced_schedule,
+    watched_sources,
+)
 from marin_assets.experiments import hello_world, tiny_stories
 from resources import RayResource, StorageResource
 
+steps = hello_world.steps + tiny_stories.steps
+
 defs = build_definitions(
-    hello_world.steps + tiny_stories.steps,
+    steps,
     resources={"storage": StorageResource(), "ray": RayResource()},
+    automation=automate(hello_world.steps),  # hello world opts in to materializing itself
+    extra_assets=[checkpoint_evals_asset(e) for e in tiny_stories.per_checkpoint],
+    sensors=[
+        checkpoint_sensor(tiny_stories.per_checkpoint),
+        automation_sensor(hello_world.steps),
+        *([source_sensor(steps)] if watched_sources(steps) else []),
+    ],
+    schedules=[
+        unsynced_schedule(dg.AssetSelection.groups("raw", "tokenizers", "tokenized", "checkpoints", "exports", "evals"),
+                          os.environ.get("MARIN_REFRESH_CRON", "0 3 * * *")),
+    ],
 )

@@ -3,7 +3,8 @@
 One step → one asset: key from the name, `code_version` = identity hash, deps from the
 step's deps, group from the name's first segment, kind from the step's kind, description
 from the function. The body runs `materialize_step` and returns the record as metadata with
-`data_version` = hash, so Dagster's "unsynced" follows identity exactly.
+`data_version` = hash (plus the content version of a changing source, `core/versions.py`),
+so Dagster's "unsynced" follows identity and upstream content exactly.
 """
 
 
@@ -21,6 +22,7 @@ from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.paths import default_prefix
 from marin_assets.core.ray_execution import ray_runner
 from marin_assets.core.step import Step, walk
+from marin_assets.core.versions import data_version
 from resources.ray import RayResource
 from resources.storage import StorageResource
 
@@ -40,7 +42,7 @@ class StepConfig(dg.Config):
 
 # Built once and shared by every step asset: inferring a schema per asset is most of the
 # load time of a large graph (bench/adapter_overhead.py).
-_STEP_CONFIG_SCHEMA = StepConfig.to_config_schema()
+STEP_CONFIG_SCHEMA = StepConfig.to_config_schema()
 
 
 def asset_key(step: Step) -> dg.AssetKey:
@@ -88,6 +90,8 @@ def outcome_metadata(outcome: StepOutcome) -> dict[str, Any]:
         "computed_by_run": record.provenance.run_id or "",
         "git_commit": record.provenance.git_commit or "",
     }
+    if record.content_version is not None:
+        metadata["content_version"] = record.content_version
     if outcome.waited_s >= 0.5:
         metadata["waited_s"] = round(outcome.waited_s, 3)
     if outcome.took_over:
@@ -102,25 +106,33 @@ def outcome_metadata(outcome: StepOutcome) -> dict[str, Any]:
     return metadata
 
 
-def step_asset(step: Step) -> dg.AssetsDefinition:
+def run_step(step: Step, context: dg.AssetExecutionContext) -> StepOutcome:
+    """Materialize `step` with the run's storage, Ray, force settings and log."""
+    config = StepConfig(**context.op_execution_context.op_config)
+    prefix, settings = storage_settings(getattr(context.resources, STORAGE_KEY))
+    return materialize_step(
+        step,
+        prefix=prefix,
+        settings=settings,
+        run_id=context.run.run_id,
+        force=config.force or forced_by_tag(context.run.tags, step),
+        run_fn=ray_runner(getattr(context.resources, RAY_KEY), context.log),
+        log=context.log,
+    )
+
+
+def materialize_result(outcome: StepOutcome, extra_metadata: Mapping[str, Any] | None = None) -> dg.MaterializeResult:
+    return dg.MaterializeResult(metadata={**outcome_metadata(outcome), **(extra_metadata or {})},
+                                data_version=dg.DataVersion(data_version(outcome.step, outcome.record)))
+
+
+def step_asset(step: Step, automation_condition: dg.AutomationCondition | None = None) -> dg.AssetsDefinition:
     """The Dagster asset serving one step."""
 
     def body() -> dg.MaterializeResult:
         # The context by accessor, not parameter: Dagster inspects every asset function's
         # parameters at definition time, a measurable share of loading 1000 assets.
-        context = dg.AssetExecutionContext.get()
-        config = StepConfig(**context.op_execution_context.op_config)
-        prefix, settings = storage_settings(getattr(context.resources, STORAGE_KEY))
-        outcome = materialize_step(
-            step,
-            prefix=prefix,
-            settings=settings,
-            run_id=context.run.run_id,
-            force=config.force or forced_by_tag(context.run.tags, step),
-            run_fn=ray_runner(getattr(context.resources, RAY_KEY), context.log),
-            log=context.log,
-        )
-        return dg.MaterializeResult(metadata=outcome_metadata(outcome), data_version=dg.DataVersion(step.hash))
+        return materialize_result(run_step(step, dg.AssetExecutionContext.get()))
 
     body.marin_step = step  # type: ignore[attr-defined]  # read back by `step_of`
     return dg.asset(
@@ -131,29 +143,43 @@ def step_asset(step: Step) -> dg.AssetsDefinition:
         group_name=group_name(step),
         kinds={step.kind},
         description=describe(step),
-        config_schema=_STEP_CONFIG_SCHEMA,
+        config_schema=STEP_CONFIG_SCHEMA,
         required_resource_keys={STORAGE_KEY, RAY_KEY},
+        automation_condition=automation_condition,
     )(body)
 
 
-def build_assets(steps: Sequence[Step]) -> list[dg.AssetsDefinition]:
-    """Assets for `steps` and everything they depend on, each identity once."""
-    return [step_asset(step) for step in walk(steps)]
+def build_assets(
+    steps: Sequence[Step],
+    automation: Mapping[Step, dg.AutomationCondition] | None = None,
+) -> list[dg.AssetsDefinition]:
+    """Assets for `steps` and everything they depend on, each identity once.
+
+    `automation`: steps that materialize themselves, with their condition (see
+    `marin_assets.automation.conditions.automate`)."""
+    automation = automation or {}
+    return [step_asset(step, automation.get(step)) for step in walk(steps)]
 
 
 def build_definitions(
     steps: Sequence[Step],
     resources: Mapping[str, Any] | None = None,
+    *,
+    automation: Mapping[Step, dg.AutomationCondition] | None = None,
+    extra_assets: Sequence[dg.AssetsDefinition] = (),
     **definitions_kwargs: Any,
 ) -> dg.Definitions:
     """`Definitions` serving `steps`, with default storage and Ray resources unless given.
 
     The default executor runs a run's steps in one process, so the run shares one embedded
     Ray (started on first use, stopped at the end); the work itself runs on Ray workers.
+    `extra_assets` are assets made elsewhere, such as per-checkpoint evaluations; sensors and
+    schedules go in `definitions_kwargs`.
     """
     all_resources = {STORAGE_KEY: StorageResource(), RAY_KEY: RayResource(), **(resources or {})}
     definitions_kwargs.setdefault("executor", dg.in_process_executor)
-    return dg.Definitions(assets=build_assets(steps), resources=all_resources, **definitions_kwargs)
+    return dg.Definitions(assets=[*build_assets(steps, automation), *extra_assets], resources=all_resources,
+                          **definitions_kwargs)
 
 
 def step_of(assets_def: dg.AssetsDefinition) -> Step | None:

@@ -36,6 +36,7 @@ from marin_assets.core.status import (
     status_store,
 )
 from marin_assets.core.step import Step
+from marin_assets.core.versions import changed_inputs, content_version, current_input_versions
 
 logger = logging.getLogger(__name__)
 
@@ -94,9 +95,15 @@ def materialize_step(
     store = status_store(out)
 
     current = store.read()[0]
+    stale_inputs: list[str] = []
     if current is not None and current.status is Status.SUCCESS and not force:  # the common case: a cache hit
-        return StepOutcome(step, out, read_record(out, status=current), cached=True,
-                           duration_s=time.monotonic() - started, waited_s=0.0)
+        record = read_record(out, status=current)
+        stale_inputs = changed_inputs(step, record, prefix)
+        if not stale_inputs:
+            return StepOutcome(step, out, record, cached=True,
+                               duration_s=time.monotonic() - started, waited_s=0.0)
+        log.info(f"{step.name}: inputs changed since {out} was made ({'; '.join(stale_inputs)}); recomputing")
+        force = True
     _wait_for_deps(step, prefix, settings, log)
 
     def on_wait(holder) -> None:
@@ -109,12 +116,16 @@ def materialize_step(
                            duration_s=time.monotonic() - started, waited_s=lease.waited_s)
 
     took_over = _describe_takeover(lease.took_over)
+    if stale_inputs and took_over and took_over.startswith("forced"):
+        took_over = f"inputs changed: {'; '.join(stale_inputs)}"
     if took_over:
         log.info(f"{step.name}: taking over {out} ({took_over})")
     try:
         if force and step.override_output_path is None:
             _clear_output(out)
         lease.start_heartbeat()
+        inputs = current_input_versions(step, prefix)
+        source = step.source_version() if step.source_version is not None else None  # before the copy
         fn_started = time.monotonic()
         result = run_fn(step, out, prefix, lease.lost)
         fn_duration = time.monotonic() - fn_started
@@ -134,6 +145,8 @@ def materialize_step(
             result_type=type_name(result),
             provenance=current_provenance(run_id),
             duration_s=round(fn_duration, 3),
+            content_version=content_version(source, inputs),
+            input_versions=inputs,
         )
         write_record(out, record)
         lease.finish(Status.SUCCESS)

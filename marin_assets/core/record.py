@@ -58,6 +58,12 @@ class ArtifactRecord:
     provenance: Provenance
     duration_s: float = 0.0
     version: int = field(default=1)
+    """Format version of this record."""
+    content_version: str | None = None
+    """What the output was made from beyond its identity: the source version a changing
+    source reported, or a digest of the inputs' content versions; None for pure outputs."""
+    input_versions: dict[str, str] = field(default_factory=dict)
+    """`name_with_hash` → content version of each dependency that had one, when this was made."""
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

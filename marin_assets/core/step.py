@@ -91,11 +91,18 @@ class Step:
     """What sort of step this is (download, tokenize, train, eval…): the asset's kind tag."""
     description: str | None = None
     """Shown in the UI; defaults to the docstring of `fn` (or of the function it wraps)."""
+    source_version: Callable[[], str | None] | None = field(default=None, repr=False)
+    """For steps copying a source that can change under a fixed identity (a branch, a URL):
+    returns the source's current version (a commit sha, a digest of sizes and etags). It is
+    recorded with the output, read by the source sensor to notice changes, and flows into
+    downstream records so their cached outputs are recomputed when it changes. Not identity."""
 
     def __post_init__(self) -> None:
         validate_name(self.name)
         if not callable(self.fn):
             raise StepDefinitionError(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
+        if self.source_version is not None and not callable(self.source_version):
+            raise StepDefinitionError(f"step {self.name!r}: source_version must be callable or None")
         deps = tuple(self.deps)
         for dep in deps:
             if not isinstance(dep, Step):

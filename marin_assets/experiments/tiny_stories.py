@@ -3,6 +3,7 @@ cache → a tiny Llama → Hugging Face export → evaluation. `build()` makes s
 
 from __future__ import annotations
 
+from marin_assets.automation.checkpoints import CheckpointEvals
 from marin_assets.core.step import Step
 from marin_assets.pipeline.corpus import corpus_step
 from marin_assets.pipeline.evaluate import evaluate_step, export_step
@@ -32,5 +33,12 @@ def build(prefix: str = "tiny-stories", train_documents: int = 20_000, validatio
     }
 
 
+def checkpoint_evals(pipeline: dict[str, Step], prefix: str = "tiny-stories") -> CheckpointEvals:
+    """Every checkpoint of the training run, evaluated on the validation split as it lands."""
+    return CheckpointEvals(f"evals/{prefix}-llama-checkpoints", pipeline["train"], {"stories": pipeline["tokenized"]},
+                           max_eval_batches=TRAINER.max_eval_batches)
+
+
 pipeline = build()
 steps = [pipeline["export"], pipeline["evaluate"]]
+per_checkpoint = [checkpoint_evals(pipeline)]

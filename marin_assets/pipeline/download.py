@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -126,15 +128,34 @@ def download_urls(output_path: str, urls: Sequence[str]) -> Download:
     """Copy files from fsspec URLs (https://, gs://, s3://, file://, hf://, local paths; globs expand)."""
     files: list[DownloadedFile] = []
     for url in urls:
-        for source, relative in _expand(url):
+        for source, relative, _ in _sources(url):
             files.append(copy_file(source, output_path, relative))
     if not files:
         raise DownloadError(f"nothing to download: {list(urls)} matched no files")
     return Download(", ".join(urls), None, files, sum(f.size for f in files))
 
 
-def _expand(url: str) -> list[tuple[str, str]]:
-    """(source URL, relative output path) pairs; a glob keeps the path below its fixed part."""
+_STAMPS = ("ETag", "etag", "generation", "md5Hash", "Last-Modified", "LastModified", "mtime", "updated")
+"""Listing fields that change when a file does, by store (HTTP, S3, GCS, local), first found wins."""
+
+
+def url_source_version(urls: Sequence[str]) -> str:
+    """What `urls` name now, as a digest of each file's path, size and etag or mtime.
+
+    One listing per URL (a glob, a folder's `find`, or one HEAD for a file): cheap enough for
+    a sensor tick, and it changes when a file is added, removed, resized or rewritten.
+    """
+    entries = []
+    for url in urls:
+        for source, _, info in _sources(url, detail=True):
+            stamp = next((str(info[k]) for k in _STAMPS if info.get(k) is not None), None)
+            entries.append([source, info.get("size"), stamp])
+    return hashlib.sha256(json.dumps(sorted(entries)).encode()).hexdigest()[:16]
+
+
+def _sources(url: str, detail: bool = False) -> list[tuple[str, str, dict]]:
+    """(source URL, relative output path, listing info) triples; a glob keeps the path below its
+    fixed part. `info` is filled only with `detail` (listings are read fresh, not from a cache)."""
     try:
         fs, path = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as e:
@@ -142,26 +163,32 @@ def _expand(url: str) -> list[tuple[str, str]]:
     protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
     if protocol == "file://":
         protocol = ""
+    if detail:
+        fs.invalidate_cache()
     try:
         if any(c in path for c in "*?["):
             base = path[: min(path.index(c) for c in "*?[" if c in path)].rsplit("/", 1)[0]
-            matches = [m for m in fs.glob(path) if not fs.isdir(m)]
-            if not matches:
+            matches = fs.glob(path, detail=True)
+            files = {m: info for m, info in matches.items() if info.get("type") != "directory"}
+            if not files:
                 raise DownloadError(f"{url}: the pattern matches no files")
-            return [(_with_protocol(protocol, m), m[len(base):].lstrip("/")) for m in sorted(matches)]
+            return [(_with_protocol(protocol, m), m[len(base):].lstrip("/"), files[m] if detail else {})
+                    for m in sorted(files)]
         if not fs.exists(path):
             fs.cat_file(path, start=0, end=1)  # exists() hides why; a connection error surfaces here
             raise DownloadError(f"{url}: not found")
         if fs.isdir(path):
-            return [(_with_protocol(protocol, m), m[len(path.rstrip("/")):].lstrip("/"))
-                    for m in sorted(fs.find(path))]
+            found = fs.find(path, detail=True)
+            return [(_with_protocol(protocol, m), m[len(path.rstrip("/")):].lstrip("/"), found[m] if detail else {})
+                    for m in sorted(found)]
+        info = fs.info(path) if detail else {}
     except DownloadError:
         raise
     except FileNotFoundError:
         raise DownloadError(f"{url}: not found") from None
     except Exception as e:
         raise DownloadError(f"{url}: unreachable ({type(e).__name__}: {e})") from None
-    return [(url, path.rstrip("/").rsplit("/", 1)[-1])]
+    return [(url, path.rstrip("/").rsplit("/", 1)[-1], info)]
 
 
 def _with_protocol(protocol: str, path: str) -> str:
@@ -175,22 +202,7 @@ def download_hf(output_path: str, repo_id: str, revision: str = "main", include:
     The hub endpoint comes from `HF_ENDPOINT` and the token from `HF_TOKEN`, as for every
     Hugging Face client.
     """
-    from huggingface_hub import HfApi
-    from huggingface_hub.utils import (
-        HfHubHTTPError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    api = HfApi()
-    try:
-        info = api.repo_info(repo_id, revision=revision, repo_type=repo_type, files_metadata=True)
-    except RevisionNotFoundError:
-        raise DownloadError(f"{repo_type} {repo_id}: revision {revision!r} not found") from None
-    except RepositoryNotFoundError:
-        raise DownloadError(f"{repo_type} {repo_id}: repository not found (or not accessible)") from None
-    except (HfHubHTTPError, OSError) as e:
-        raise DownloadError(f"{repo_type} {repo_id}: hub unreachable ({type(e).__name__}: {e})") from None
+    info = _repo_info(repo_id, revision, repo_type, files_metadata=True)
     sha = info.sha
     wanted = [s for s in info.siblings if any(fnmatch.fnmatch(s.rfilename, p) for p in include)]
     if not wanted:
@@ -207,6 +219,33 @@ def download_hf(output_path: str, repo_id: str, revision: str = "main", include:
     return Download(f"hf://{prefix}{repo_id}", sha, files, sum(f.size for f in files))
 
 
+def hf_source_version(repo_id: str, revision: str = "main", repo_type: str = "dataset") -> str:
+    """The commit a Hugging Face revision points at now: one hub API call."""
+    return _repo_info(repo_id, revision, repo_type, files_metadata=False).sha
+
+
+def _repo_info(repo_id: str, revision: str, repo_type: str, files_metadata: bool):
+    from huggingface_hub import HfApi
+    from huggingface_hub.utils import (
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return HfApi().repo_info(repo_id, revision=revision, repo_type=repo_type, files_metadata=files_metadata)
+    except RevisionNotFoundError:
+        raise DownloadError(f"{repo_type} {repo_id}: revision {revision!r} not found") from None
+    except RepositoryNotFoundError:
+        raise DownloadError(f"{repo_type} {repo_id}: repository not found (or not accessible)") from None
+    except (HfHubHTTPError, OSError) as e:
+        raise DownloadError(f"{repo_type} {repo_id}: hub unreachable ({type(e).__name__}: {e})") from None
+
+
+def is_commit_sha(revision: str) -> bool:
+    return re.fullmatch(r"[0-9a-f]{40}", revision) is not None
+
+
 def _remove_files_not_in(output_path: str, keep: set[str]) -> None:
     """Files an attempt at an older commit left behind (not hidden bookkeeping files)."""
     fs, root = fsspec.core.url_to_fs(output_path)
@@ -218,13 +257,15 @@ def _remove_files_not_in(output_path: str, keep: set[str]) -> None:
 
 def hf_download_step(name: str, repo_id: str, revision: str, include: Sequence[str] = ("*",),
                      repo_type: str = "dataset") -> Step:
-    """Pin `revision` to a commit sha for a reproducible identity; a branch name is re-resolved."""
+    """Pin `revision` to a commit sha for a reproducible identity; a branch is followed by the
+    source sensor (its commit is the step's source version), a pinned commit never changes."""
     return Step(
         name=name,
         fn=lambda out: download_hf(out, repo_id, revision, include, repo_type),
         hash_attrs={"repo_id": repo_id, "revision": revision, "include": list(include), "repo_type": repo_type},
         kind="download",
         description=download_hf.__doc__,
+        source_version=None if is_commit_sha(revision) else lambda: hf_source_version(repo_id, revision, repo_type),
     )
 
 
@@ -235,7 +276,9 @@ def url_download_step(name: str, urls: Sequence[str]) -> Step:
         hash_attrs={"urls": list(urls)},
         kind="download",
         description=download_urls.__doc__,
+        source_version=lambda: url_source_version(urls),
     )
 
 
-__all__ = ["Download", "DownloadError", "download_hf", "download_urls", "hf_download_step", "url_download_step"]
+__all__ = ["Download", "DownloadError", "download_hf", "download_urls", "hf_download_step", "hf_source_version",
+           "url_download_step", "url_source_version"]

@@ -16,7 +16,7 @@ from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step
 from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
 from marin_assets.pipeline.tokenize import TokenizedCache
-from marin_assets.pipeline.train import TrainResult
+from marin_assets.pipeline.train import TrainResult, checkpoint_path_of
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,26 @@ def evaluate_step(name: str, train: Step, validation: dict[str, Step], checkpoin
                 hash_attrs={"checkpoint_step": checkpoint_step, "max_eval_batches": max_eval_batches,
                             "validation": names},
                 resources=Resources(cpu=1), kind="eval", description=evaluate_lm.__doc__)
+
+
+def checkpoint_eval_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int,
+                         max_eval_batches: int | None = None) -> Step:
+    """Evaluate checkpoint `checkpoint_step` of `train` as soon as it is complete, while training goes on.
+
+    The training step is not a dependency — its record exists only once training ends — so
+    its identity enters `hash_attrs` instead: a different training run is a different output.
+    """
+    names = sorted(validation)
+
+    def run(out: str) -> EvalResult:
+        caches = {k: load_result(validation[k], TokenizedCache).path for k in names}
+        return evaluate_lm(out, checkpoint_path_of(train, checkpoint_step), _train_spec(train), _tokenizer_path(train),
+                           caches, max_eval_batches)
+
+    return Step(name=name, fn=run, deps=[validation[k] for k in names],
+                hash_attrs={"checkpoint_of": train.name_with_hash, "checkpoint_step": checkpoint_step,
+                            "max_eval_batches": max_eval_batches, "validation": names},
+                resources=Resources(cpu=1), kind="eval", description=checkpoint_eval_step.__doc__)
 
 
 def _tokenizer_path(train: Step) -> str:

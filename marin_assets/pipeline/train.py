@@ -8,11 +8,17 @@ the loss curve, read from Levanter's JSON metrics.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
+import fsspec
+
 from marin_assets.core.identity import canonical
+from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step, StepDefinitionError
 from marin_assets.pipeline.specs import (
@@ -54,15 +60,46 @@ class TrainResult:
         return os.path.join(self.checkpoint_dir, f"step-{chosen}")
 
 
+def run_dir_of(output_path: str) -> str:
+    """Where Levanter writes the checkpoints (`step-N/`) of the training run at `output_path`."""
+    run_id = output_path.rstrip("/").rsplit("/", 1)[-1]
+    return join_path(output_path, "checkpoints", run_id)
+
+
+def list_checkpoints(run_dir: str, known: Collection[int] = ()) -> dict[int, bool]:
+    """Complete checkpoints under a run folder (local or any fsspec URL) → whether temporary.
+
+    A checkpoint counts once Levanter has written its `metadata.json`, which it does after the
+    arrays are committed; a folder without it is still being written. One listing of the run
+    folder, then one small read per checkpoint not in `known` — never a walk of the arrays.
+    """
+    fs, path = fsspec.core.url_to_fs(run_dir)
+    fs.invalidate_cache(path)
+    try:
+        entries = fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return {}
+    found: dict[int, bool] = {}
+    for entry in entries:
+        name = entry.rstrip("/").rsplit("/", 1)[-1]
+        if not re.fullmatch(r"step-\d+", name) or int(name[5:]) in known:
+            continue
+        try:
+            metadata = json.loads(fs.cat_file(f"{entry.rstrip('/')}/metadata.json"))
+        except FileNotFoundError:
+            continue
+        found[int(name[5:])] = bool(metadata.get("is_temporary", False))
+    return found
+
+
 def checkpoint_steps(run_dir: str) -> list[int]:
-    """Complete checkpoints only: a step folder counts once its metadata.json is written."""
-    if not os.path.isdir(run_dir):
-        return []
-    steps = []
-    for name in os.listdir(run_dir):
-        if name.startswith("step-") and os.path.exists(os.path.join(run_dir, name, "metadata.json")):
-            steps.append(int(name.split("-", 1)[1]))
-    return sorted(steps)
+    """Steps of the complete checkpoints in a run folder, temporary ones included."""
+    return sorted(list_checkpoints(run_dir))
+
+
+def checkpoint_path_of(train: Step, step: int) -> str:
+    """The folder of checkpoint `step` of a training step under the current prefix."""
+    return join_path(run_dir_of(train.output_path), f"step-{step}")
 
 
 def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weights: dict[str, float],
@@ -87,7 +124,7 @@ def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weig
     output_path = os.path.abspath(output_path)  # Levanter cannot delete temporary checkpoints under relative paths
     run_id = os.path.basename(output_path.rstrip("/"))
     checkpoint_dir = os.path.join(output_path, "checkpoints")
-    run_dir = os.path.join(checkpoint_dir, run_id)
+    run_dir = run_dir_of(output_path)
     vocab = len(load_hf_tokenizer(tokenizer_path))
     reference = write_reference_config(model, vocab, os.path.join(output_path, "reference"))
     logger_name = f"marin.metrics.{run_id}"
@@ -120,7 +157,7 @@ def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: floa
     throughput = [m["throughput/tokens_per_second"] for m in metrics.values() if "throughput/tokens_per_second" in m]
     hf_root = os.path.join(output_path, "hf", run_id)
     hf_steps = sorted(int(n.split("-")[1]) for n in os.listdir(hf_root)) if os.path.isdir(hf_root) else []
-    run_dir = os.path.join(output_path, "checkpoints", run_id)
+    run_dir = run_dir_of(output_path)
     return TrainResult(
         run_id=run_id, steps=trainer.num_train_steps,
         final_train_loss=train[-1][1] if train else None, final_eval_loss=last_eval.get("eval/loss"),
