@@ -36,7 +36,8 @@ def identity_changed() -> dg.AutomationCondition:
     ).with_label("identity changed, newly missing, or a dependency's data changed")
 
 
-def automate(steps: Sequence[Step], condition: dg.AutomationCondition | None = None) -> dict[Step, dg.AutomationCondition]:
+def automate(steps: Sequence[Step],
+             condition: dg.AutomationCondition | None = None) -> dict[Step, dg.AutomationCondition]:
     """`steps` and what they depend on → their condition, for `build_definitions(automation=...)`."""
     condition = condition or identity_changed()
     return {step: condition for step in walk(steps)}

@@ -101,8 +101,10 @@ def outcome_metadata(outcome: StepOutcome) -> dict[str, Any]:
         for key, value in result.items():
             if isinstance(value, (bool, int, float, str)) and value is not None:
                 metadata[f"result.{key}"] = value
-    if result is not None:
-        metadata["result"] = dg.MetadataValue.json(result if isinstance(result, (dict, list)) else {"value": result})
+    if isinstance(result, (dict, list)):
+        metadata["result"] = dg.MetadataValue.json(result)
+    elif result is not None:
+        metadata["result"] = result  # a number or text, shown (and plotted) as itself
     return metadata
 
 
