@@ -2,6 +2,7 @@
 bad settings, and the whole demo graph through Dagster on Ray."""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -53,7 +54,9 @@ def test_training_records_losses_checkpoints_and_curves(trained):
 
 def test_export_and_evaluate_any_checkpoint(trained, cache, tmp_path):
     root, tok, path = cache
+    handlers = logging.getLogger().handlers[:]
     exported = export_hf(str(tmp_path / "hf"), trained.checkpoint_path(), TINY, tok)
+    assert logging.getLogger().handlers == handlers  # Levanter's logging setup does not outlive the call
     with open(os.path.join(exported.path, "config.json")) as f:
         assert json.load(f)["architectures"] == ["LlamaForCausalLM"]
     early = evaluate_lm(str(tmp_path / "e5"), trained.checkpoint_path(5), TINY, tok, {"stories": path})

@@ -48,6 +48,7 @@ def export_hf(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_pat
 
     from marin_assets.pipeline.levanter_configs import (
         model_config,
+        restored_root_logging,
         trainer_config,
         write_reference_config,
     )
@@ -61,10 +62,11 @@ def export_hf(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_pat
         os.chdir(scratch)  # Levanter's converter writes ./logs wherever it runs
         try:
             trainer = trainer_config(TrainerSpec(num_train_steps=1), "export", scratch, "marin.export")
-            main(ConvertLmConfig(trainer=trainer,
-                                 checkpoint_path=checkpoint, output_dir=output_path,
-                                 model=model_config(model, reference, tokenizer_path), tokenizer=tokenizer_path,
-                                 save_tokenizer=True, use_cpu=True))
+            with restored_root_logging():
+                main(ConvertLmConfig(trainer=trainer,
+                                     checkpoint_path=checkpoint, output_dir=output_path,
+                                     model=model_config(model, reference, tokenizer_path), tokenizer=tokenizer_path,
+                                     save_tokenizer=True, use_cpu=True))
         finally:
             os.chdir(cwd)
     return ExportResult(output_path, checkpoint, _step_of(checkpoint) or 0)
@@ -82,6 +84,7 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
         data_config,
         model_config,
         read_metrics,
+        restored_root_logging,
         trainer_config,
         write_reference_config,
     )
@@ -106,7 +109,7 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
         model=model_config(model, reference, tokenizer_path),
     )
     started = time.monotonic()
-    with JsonlMetrics(logger_name, metrics_file):
+    with restored_root_logging(), JsonlMetrics(logger_name, metrics_file):
         eval_lm.main(config)
     logged: dict = {}
     for values in read_metrics(metrics_file).values():

@@ -10,9 +10,11 @@ Levanter or JAX.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -117,6 +119,26 @@ def optimizer_config(optimizer: OptimizerSpec):
     return AdamConfig(learning_rate=optimizer.learning_rate, weight_decay=optimizer.weight_decay,
                       warmup=optimizer.warmup, lr_schedule=optimizer.lr_schedule,
                       min_lr_ratio=optimizer.min_lr_ratio)
+
+
+@contextlib.contextmanager
+def restored_root_logging() -> Iterator[None]:
+    """Undo Levanter's `init_logging` afterwards: it replaces the root logger's handlers with a
+    file handler under its log dir (often a temporary folder) and a console handler, which
+    would outlive the call in a reused worker or test process and write to a deleted folder."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
 
 
 class JsonlMetrics:

@@ -116,6 +116,7 @@ def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weig
         data_config,
         model_config,
         optimizer_config,
+        restored_root_logging,
         trainer_config,
         write_reference_config,
     )
@@ -139,7 +140,7 @@ def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weig
     started = time.monotonic()
     done = checkpoint_steps(run_dir)
     if not done or done[-1] + 1 < trainer.num_train_steps:  # Levanter refuses to re-run a finished run
-        with JsonlMetrics(logger_name, os.path.join(output_path, METRICS_FILE)):
+        with restored_root_logging(), JsonlMetrics(logger_name, os.path.join(output_path, METRICS_FILE)):
             levanter_train.main(config)
     return summarize(output_path, run_id, trainer, time.monotonic() - started)
 
