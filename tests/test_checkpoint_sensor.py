@@ -44,9 +44,9 @@ class Ticker:
         self.cursor: str | None = None
 
     def tick(self) -> dg.SensorResult:
-        context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=auto.defs,
-                                          resources={"storage": self.storage})
-        result = auto.sensor(context)
+        with dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=auto.defs,
+                                     resources={"storage": self.storage}) as context:
+            result = auto.sensor(context)
         self.cursor = result.cursor
         return result
 

@@ -7,6 +7,7 @@ import dagster as dg
 
 from marin_assets import FORCE_TAG, build_definitions
 from marin_assets.automation import automate, automation_sensor, unsynced_schedule
+from marin_assets.core.plan import plan
 from marin_assets.core.step import Step
 from marin_assets.pipeline.download import url_download_step
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
@@ -26,8 +27,10 @@ def definitions(steps, prefix, **kwargs) -> dg.Definitions:
 
 
 def tick(schedule: dg.ScheduleDefinition, defs: dg.Definitions, instance: dg.DagsterInstance):
-    context = dg.build_schedule_context(instance=instance, repository_def=defs.get_repository_def())
-    [data] = [schedule.evaluate_tick(context)]
+    # As a context manager: the context enters the instance (Dagster's current state storage)
+    # and must leave it, or a later Definitions load finds a dead instance.
+    with dg.build_schedule_context(instance=instance, repository_def=defs.get_repository_def()) as context:
+        data = schedule.evaluate_tick(context)
     return data.run_requests or [], data.skip_message
 
 
@@ -112,6 +115,8 @@ def test_automation_condition_follows_identity_and_dependency_data(tmp_path, pre
                                   tags={FORCE_TAG: "raw/folder"}).success
     requested, cursor = evaluate(defs, instance, cursor)
     assert requested == {"derived/lines"}
+    [row] = [r for r in plan(folder_pipeline(folder), {"derived/lines"}, prefix) if r.asset_key == "derived/lines"]
+    assert row.action == "run" and "inputs changed" in row.reason and "raw/folder" in row.reason
     result = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey(["derived", "lines"])])
     [event] = result.get_asset_materialization_events()
     assert event.materialization.metadata["result"].value == 2

@@ -50,9 +50,9 @@ class Harness:
         self.cursor: str | None = None
 
     def tick(self) -> list[dg.RunRequest]:
-        context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=self.defs,
-                                          resources={"storage": self.storage})
-        result = self.sensor(context)
+        with dg.build_sensor_context(instance=self.instance, cursor=self.cursor, definitions=self.defs,
+                                     resources={"storage": self.storage}) as context:
+            result = self.sensor(context)
         self.cursor = result.cursor
         return list(result.run_requests or [])
 

@@ -19,6 +19,7 @@ from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.core.status import Status, StatusRecord, read_status
 from marin_assets.core.step import Step, walk
+from marin_assets.core.versions import changed_inputs
 
 RUN, REUSE, WAIT, BLOCKED = "run", "reuse", "wait", "blocked"
 
@@ -65,6 +66,10 @@ def plan(
         status = read_status(out)
         is_selected = step.name in selected
         action, reason = _own_action(status, settings)
+        if action == REUSE:
+            stale_inputs = _changed_inputs(step, out, status, prefix)
+            if stale_inputs:
+                action, reason = RUN, f"inputs changed since it was made ({'; '.join(stale_inputs)})"
         if action == RUN:
             blocker = _blocking_dep(step, rows)
             if not is_selected:
@@ -102,6 +107,13 @@ def _own_action(status: StatusRecord | None, settings: LeaseSettings) -> tuple[s
     if status.status is Status.RUNNING:
         return RUN, f"stale lease of {status.holder} (no heartbeat for {age:.0f}s) will be taken over"
     return RUN, f"previous attempt FAILED ({status.error})" if status.error else "previous attempt FAILED"
+
+
+def _changed_inputs(step: Step, out: str, status: StatusRecord | None, prefix: str) -> list[str]:
+    try:
+        return changed_inputs(step, read_record(out, status=status), prefix)
+    except (RecordNotAvailableError, OSError, ValueError):
+        return []
 
 
 def _blocking_dep(step: Step, rows: Mapping[str, PlanRow]) -> str | None:
