@@ -26,6 +26,7 @@ steps = hello_world.steps + tiny_stories.steps
 defs = build_definitions(
     steps,
     resources={"storage": StorageResource(), "ray": RayResource()},
+    describe_drift=True,  # unsynced assets say which hash_attrs changed (read when the definitions load)
     automation=automate(hello_world.steps),  # hello world opts in to materializing itself
     extra_assets=[checkpoint_evals_asset(e) for e in tiny_stories.per_checkpoint],
     sensors=[

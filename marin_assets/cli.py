@@ -19,7 +19,8 @@ import dagster as dg
 from dotenv import dotenv_values
 
 from marin_assets.core.adapter import STORAGE_KEY, steps_of, storage_settings
-from marin_assets.core.plan import PreviousMaterialization, plan
+from marin_assets.core.drift import previous_materializations
+from marin_assets.core.plan import plan
 from marin_assets.core.status import read_status
 from marin_assets.core.step import Step, walk
 from resources.storage import StorageResource
@@ -52,25 +53,6 @@ def selected_steps(defs: dg.Definitions, select: str) -> tuple[dict[str, Step], 
         keys = dg.AssetSelection.from_coercible(select.split(",")).resolve(defs.resolve_asset_graph())
     steps = {s.name: s for s in by_key.values()}
     return steps, {by_key[k].name for k in keys if k in by_key}
-
-
-def previous_materializations(steps: dict[str, Step]) -> dict[str, PreviousMaterialization]:
-    """From the Dagster instance at $DAGSTER_HOME (nothing without one)."""
-    if not os.environ.get("DAGSTER_HOME"):
-        return {}
-    instance = dg.DagsterInstance.get()
-    keys = {dg.AssetKey(name.split("/")): name for name in steps}
-    events = instance.get_latest_materialization_events(list(keys))
-    out = {}
-    for key, event in events.items():
-        if event is None or event.asset_materialization is None:
-            continue
-        md = {k: v.value for k, v in event.asset_materialization.metadata.items()}
-        out[keys[key]] = PreviousMaterialization(
-            hash=md.get("hash"), output_path=md.get("output_path"),
-            hash_attrs=md.get("hash_attrs"), deps=md.get("deps"),
-        )
-    return out
 
 
 def storage_of(defs: dg.Definitions) -> StorageResource:

@@ -23,11 +23,12 @@ from marin_assets.core.adapter import (
     STEP_CONFIG_SCHEMA,
     STORAGE_KEY,
     asset_key,
+    check_specs,
     group_name,
-    materialize_result,
-    run_step,
+    materialize_asset,
     storage_settings,
 )
+from marin_assets.core.execute import StepOutcome
 from marin_assets.core.identity import identity_hash
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.core.step import Step
@@ -98,16 +99,18 @@ def checkpoint_evals_asset(evals: CheckpointEvals) -> dg.AssetsDefinition:
     def body() -> dg.MaterializeResult:
         context = dg.AssetExecutionContext.get()
         checkpoint = int(context.partition_key)
-        outcome = run_step(evals.step(checkpoint), context)
         prefix, _ = storage_settings(getattr(context.resources, STORAGE_KEY))
-        known = [int(k) for k in context.instance.get_dynamic_partitions(evals.partitions_def.name)]
-        result = outcome.record.result
-        return materialize_result(outcome, {
-            "checkpoint_step": checkpoint,
-            "loss": result["loss"],  # numbers per partition: Dagster plots them against the partitions
-            **({"bpb": result["bpb"]} if result.get("bpb") is not None else {}),
-            "all_checkpoints": results_table(evals, sorted(set(known) | {checkpoint}), prefix),
-        })
+        known = {int(k) for k in context.instance.get_dynamic_partitions(evals.partitions_def.name)}
+
+        def summary(outcome: StepOutcome) -> dict[str, Any]:
+            result = outcome.record.result
+            return {  # numbers per partition: Dagster plots them against the partitions
+                "checkpoint_step": checkpoint, "loss": result["loss"],
+                **({"bpb": result["bpb"]} if result.get("bpb") is not None else {}),
+                "all_checkpoints": results_table(evals, sorted(known | {checkpoint}), prefix),
+            }
+
+        return materialize_asset(evals.step(checkpoint), context, summary)
 
     return dg.asset(
         key=evals.key,
@@ -115,10 +118,11 @@ def checkpoint_evals_asset(evals: CheckpointEvals) -> dg.AssetsDefinition:
         partitions_def=evals.partitions_def,
         code_version=evals.hash,
         group_name=group_name(evals.step(0)),
-        kinds={"eval", "levanter"},
+        kinds={"eval", "levanter", "ray"},
         description=f"Loss and bits per byte of every checkpoint of `{evals.train.name}` on"
                     f" {', '.join(sorted(evals.validation))}, one partition per checkpoint step, added by the"
                     " checkpoint sensor as each lands. Made by `marin_assets.pipeline.evaluate.evaluate_lm`.",
+        check_specs=check_specs(evals.step(0), evals.key),
         config_schema=STEP_CONFIG_SCHEMA,
         required_resource_keys={STORAGE_KEY, RAY_KEY},
     )(body)

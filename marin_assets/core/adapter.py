@@ -9,19 +9,22 @@ so Dagster's "unsynced" follows identity and upstream content exactly.
 
 
 import functools
-import inspect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
+from marin_assets.core.checks import run_check
+from marin_assets.core.drift import Drift, drifts_from_instance
 from marin_assets.core.execute import StepOutcome, materialize_step
+from marin_assets.core.identity import canonical
 from marin_assets.core.lease import LeaseSettings
-from marin_assets.core.paths import default_prefix
+from marin_assets.core.metadata import outcome_metadata
+from marin_assets.core.paths import default_prefix, using_prefix
 from marin_assets.core.ray_execution import ray_runner
-from marin_assets.core.step import Step, walk
+from marin_assets.core.step import Step, made_by, walk
 from marin_assets.core.versions import data_version
 from resources.ray import RayResource
 from resources.storage import StorageResource
@@ -59,10 +62,7 @@ def group_name(step: Step) -> str:
 def describe(step: Step) -> str:
     if step.description:
         return step.description
-    fn = step.fn.func if isinstance(step.fn, functools.partial) else step.fn
-    doc = inspect.getdoc(fn)
-    where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
-    return f"{doc}\n\nMade by `{where}`." if doc else f"Made by `{where}`."
+    return made_by(step.fn.func if isinstance(step.fn, functools.partial) else step.fn)
 
 
 def storage_settings(storage: StorageResource) -> tuple[str, LeaseSettings]:
@@ -75,37 +75,6 @@ def forced_by_tag(tags: Mapping[str, str], step: Step) -> bool:
     if value.lower() in ("true", "1", "yes", "all"):
         return True
     return step.name in {v.strip() for v in value.split(",")}
-
-
-def outcome_metadata(outcome: StepOutcome) -> dict[str, Any]:
-    record = outcome.record
-    metadata: dict[str, Any] = {
-        "output_path": dg.MetadataValue.path(outcome.output_path),
-        "hash": record.hash,
-        "cached": outcome.cached,
-        "duration_s": round(outcome.duration_s, 3),
-        "compute_s": record.duration_s,
-        "hash_attrs": dg.MetadataValue.json(record.hash_attrs),
-        "deps": dg.MetadataValue.json(record.deps),
-        "computed_by_run": record.provenance.run_id or "",
-        "git_commit": record.provenance.git_commit or "",
-    }
-    if record.content_version is not None:
-        metadata["content_version"] = record.content_version
-    if outcome.waited_s >= 0.5:
-        metadata["waited_s"] = round(outcome.waited_s, 3)
-    if outcome.took_over:
-        metadata["took_over"] = outcome.took_over
-    result = record.result
-    if isinstance(result, dict):
-        for key, value in result.items():
-            if isinstance(value, (bool, int, float, str)) and value is not None:
-                metadata[f"result.{key}"] = value
-    if isinstance(result, (dict, list)):
-        metadata["result"] = dg.MetadataValue.json(result)
-    elif result is not None:
-        metadata["result"] = result  # a number or text, shown (and plotted) as itself
-    return metadata
 
 
 def run_step(step: Step, context: dg.AssetExecutionContext) -> StepOutcome:
@@ -123,28 +92,80 @@ def run_step(step: Step, context: dg.AssetExecutionContext) -> StepOutcome:
     )
 
 
-def materialize_result(outcome: StepOutcome, extra_metadata: Mapping[str, Any] | None = None) -> dg.MaterializeResult:
-    return dg.MaterializeResult(metadata={**outcome_metadata(outcome), **(extra_metadata or {})},
-                                data_version=dg.DataVersion(data_version(outcome.step, outcome.record)))
+def check_specs(step: Step, key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
+    return [dg.AssetCheckSpec(c.name, asset=key, description=c.description, blocking=c.blocking)
+            for c in step.checks]
 
 
-def step_asset(step: Step, automation_condition: dg.AutomationCondition | None = None) -> dg.AssetsDefinition:
-    """The Dagster asset serving one step."""
+def check_results(step: Step, outcome: StepOutcome, context: dg.AssetExecutionContext) -> list[dg.AssetCheckResult]:
+    """The step's checks on its output (computed or cached), those the run selected."""
+    selected = {k.name for k in context.selected_asset_check_keys}
+    results = []
+    with using_prefix(storage_settings(getattr(context.resources, STORAGE_KEY))[0]):
+        for check in step.checks:
+            if check.name not in selected:
+                continue
+            found = run_check(check, outcome.output_path, outcome.record.result)
+            results.append(dg.AssetCheckResult(check_name=check.name, passed=found.passed,
+                                               severity=dg.AssetCheckSeverity.ERROR,
+                                               description=found.message, metadata=dict(found.metadata)))
+    return results
+
+
+def materialize_asset(step: Step, context: dg.AssetExecutionContext,
+                      extra_metadata: Callable[[StepOutcome], Mapping[str, Any]] | None = None
+                      ) -> dg.MaterializeResult:
+    """Run `step` for the asset being materialized: its metadata (plus `extra_metadata(outcome)`),
+    data version and check results."""
+    outcome = run_step(step, context)
+    extra = extra_metadata(outcome) if extra_metadata else {}
+    return dg.MaterializeResult(metadata={**outcome_metadata(outcome), **extra},
+                                data_version=dg.DataVersion(data_version(outcome.step, outcome.record)),
+                                check_results=check_results(step, outcome, context))
+
+
+def definition_metadata(step: Step) -> dict[str, Any]:
+    """What the asset's definition shows before any materialization: what identity covers."""
+    resources = step.resources
+    wants = [f"cpu={resources.cpu:g}"] + [f"{k}={v}" for k, v in
+                                            (("memory_gb", resources.memory_gb), ("gpu", resources.gpu or None),
+                                             ("gpu_type", resources.gpu_type), ("tpu_type", resources.tpu_type),
+                                             ("tpu_count", resources.tpu_count or None)) if v]
+    return {"identity": step.name_with_hash, "hash_attrs": dg.MetadataValue.json(canonical(step.hash_attrs)),
+            "resources": " ".join(wants)}
+
+
+def step_asset(step: Step, automation_condition: dg.AutomationCondition | None = None, *,
+               extra_kinds: Sequence[str] = (), drift: Drift | None = None) -> dg.AssetsDefinition:
+    """The Dagster asset serving one step.
+
+    `extra_kinds`: kinds from the deployment (e.g. `gcs` for a `gs://` prefix); `drift`: how
+    the step differs from the asset's last materialization, shown in its description.
+    """
 
     def body() -> dg.MaterializeResult:
         # The context by accessor, not parameter: Dagster inspects every asset function's
         # parameters at definition time, a measurable share of loading 1000 assets.
-        return materialize_result(run_step(step, dg.AssetExecutionContext.get()))
+        return materialize_asset(step, dg.AssetExecutionContext.get())
 
     body.marin_step = step  # type: ignore[attr-defined]  # read back by `step_of`
+    key = asset_key(step)
+    metadata = definition_metadata(step)
+    description = describe(step)
+    if drift is not None:
+        metadata["changed_since_last_materialization"] = dg.MetadataValue.json(drift.to_json())
+        description = f"{drift.markdown()}\n\n{description}"
     return dg.asset(
-        key=asset_key(step),
+        key=key,
         name=None,
         deps=[asset_key(d) for d in step.deps],
         code_version=step.hash,
         group_name=group_name(step),
-        kinds={step.kind},
-        description=describe(step),
+        kinds={step.kind, "ray", *step.kinds, *extra_kinds},
+        tags={"marin/stage": group_name(step)},
+        description=description,
+        metadata=metadata,
+        check_specs=check_specs(step, key),
         config_schema=STEP_CONFIG_SCHEMA,
         required_resource_keys={STORAGE_KEY, RAY_KEY},
         automation_condition=automation_condition,
@@ -154,13 +175,17 @@ def step_asset(step: Step, automation_condition: dg.AutomationCondition | None =
 def build_assets(
     steps: Sequence[Step],
     automation: Mapping[Step, dg.AutomationCondition] | None = None,
+    *,
+    extra_kinds: Sequence[str] = (),
+    drift: Mapping[str, Drift] | None = None,
 ) -> list[dg.AssetsDefinition]:
     """Assets for `steps` and everything they depend on, each identity once.
 
     `automation`: steps that materialize themselves, with their condition (see
-    `marin_assets.automation.conditions.automate`)."""
-    automation = automation or {}
-    return [step_asset(step, automation.get(step)) for step in walk(steps)]
+    `marin_assets.automation.conditions.automate`); `drift`: step name → its drift."""
+    automation, drift = automation or {}, drift or {}
+    return [step_asset(step, automation.get(step), extra_kinds=extra_kinds, drift=drift.get(step.name))
+            for step in walk(steps)]
 
 
 def build_definitions(
@@ -169,6 +194,7 @@ def build_definitions(
     *,
     automation: Mapping[Step, dg.AutomationCondition] | None = None,
     extra_assets: Sequence[dg.AssetsDefinition] = (),
+    describe_drift: bool = False,
     **definitions_kwargs: Any,
 ) -> dg.Definitions:
     """`Definitions` serving `steps`, with default storage and Ray resources unless given.
@@ -176,12 +202,18 @@ def build_definitions(
     The default executor runs a run's steps in one process, so the run shares one embedded
     Ray (started on first use, stopped at the end); the work itself runs on Ray workers.
     `extra_assets` are assets made elsewhere, such as per-checkpoint evaluations; sensors and
-    schedules go in `definitions_kwargs`.
+    schedules go in `definitions_kwargs`. `describe_drift` reads the Dagster instance (one
+    query) so that assets whose identity changed since their last materialization say how
+    in their description; it is read when the definitions load (the UI's "Reload").
     """
     all_resources = {STORAGE_KEY: StorageResource(), RAY_KEY: RayResource(), **(resources or {})}
     definitions_kwargs.setdefault("executor", dg.in_process_executor)
-    return dg.Definitions(assets=[*build_assets(steps, automation), *extra_assets], resources=all_resources,
-                          **definitions_kwargs)
+    storage = all_resources[STORAGE_KEY]
+    prefix = getattr(storage, "prefix", None) or default_prefix()
+    extra_kinds = ["gcs"] if prefix.startswith("gs://") else []
+    drift = drifts_from_instance(walk(steps)) if describe_drift else None
+    return dg.Definitions(assets=[*build_assets(steps, automation, extra_kinds=extra_kinds, drift=drift),
+                                  *extra_assets], resources=all_resources, **definitions_kwargs)
 
 
 def step_of(assets_def: dg.AssetsDefinition) -> Step | None:

@@ -7,11 +7,13 @@ definition time, so that an unencodable attribute or a bad name fails where it w
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from marin_assets.core.checks import Check
 from marin_assets.core.identity import UnhashableAttrError, identity_hash
 from marin_assets.core.paths import join_path, storage_prefix
 
@@ -96,6 +98,10 @@ class Step:
     returns the source's current version (a commit sha, a digest of sizes and etags). It is
     recorded with the output, read by the source sensor to notice changes, and flows into
     downstream records so their cached outputs are recomputed when it changes. Not identity."""
+    kinds: Sequence[str] = ()
+    """Technologies it uses beyond `kind` (`levanter`, `huggingface`): more kind tags in the UI."""
+    checks: Sequence[Check] = ()
+    """Verifications of the output run with every materialization (asset checks in Dagster)."""
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -110,6 +116,11 @@ class Step:
                     f"step {self.name!r}: deps must be Steps, got {type(dep).__name__} {dep!r}"
                 )
         object.__setattr__(self, "deps", deps)
+        object.__setattr__(self, "kinds", tuple(self.kinds))
+        object.__setattr__(self, "checks", tuple(self.checks))
+        names = [c.name for c in self.checks]
+        if len(set(names)) != len(names) or not all(re.fullmatch(r"[A-Za-z0-9_]+", n) for n in names):
+            raise StepDefinitionError(f"step {self.name!r}: check names must be unique identifiers, got {names}")
         if not isinstance(self.hash_attrs, Mapping):
             raise StepDefinitionError(f"step {self.name!r}: hash_attrs must be a mapping")
         try:
@@ -145,6 +156,13 @@ class Step:
 
     def __hash__(self) -> int:
         return hash((self.name, self.hash))
+
+
+def made_by(fn: Callable[..., Any]) -> str:
+    """A step description: what `fn`'s docstring says it makes, and where `fn` is."""
+    doc = inspect.getdoc(fn)
+    where = f"`{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}`"
+    return f"{doc}\n\nMade by {where}." if doc else f"Made by {where}."
 
 
 def walk(steps: Sequence[Step]) -> list[Step]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import fsspec
 
 from marin_assets.core.paths import join_path
-from marin_assets.core.step import Step
+from marin_assets.core.step import Step, made_by
 
 NAMES = ["Lily", "Tom", "Mia", "Ben", "Sara", "Max", "Anna", "Leo", "Zoe", "Sam", "Ella", "Jack"]
 ANIMALS = ["cat", "dog", "bird", "fox", "rabbit", "bear", "duck", "frog", "mouse", "owl"]
@@ -99,5 +99,5 @@ def corpus_step(name: str, train_documents: int, validation_documents: int, seed
         hash_attrs={"train_documents": train_documents, "validation_documents": validation_documents,
                     "seed": seed, "shards": shards, "generator": "stories-v1"},
         kind="generate",
-        description=generate_corpus.__doc__,
+        description=made_by(generate_corpus),
     )

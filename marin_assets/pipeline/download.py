@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import fsspec
 
+from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.paths import join_path
-from marin_assets.core.step import Step
+from marin_assets.core.step import Step, made_by
 
 CHUNK = 8 * 2**20
 
@@ -255,6 +256,23 @@ def _remove_files_not_in(output_path: str, keep: set[str]) -> None:
             fs.rm(path)
 
 
+def files_match_record(output_path: str, result: dict) -> CheckOutcome:
+    """Every recorded file is there with its recorded size: one listing of the output."""
+    fs, root = fsspec.core.url_to_fs(output_path)
+    fs.invalidate_cache(root)
+    found = {p[len(root.rstrip("/")):].lstrip("/"): info.get("size") for p, info in fs.find(root, detail=True).items()}
+    wrong = [f"{f['path']}: " + (f"{found[f['path']]} bytes" if f["path"] in found else "missing")
+             + f", recorded {f['size']}" for f in result["files"] if found.get(f["path"]) != f["size"]]
+    n = len(result["files"])
+    message = f"{n} files match their recorded sizes" if not wrong else f"{len(wrong)} of {n} files differ: " + (
+        "; ".join(wrong[:5]))
+    return CheckOutcome(not wrong, message, {"files": n, "mismatched": len(wrong)})
+
+
+FILES_MATCH_RECORD = Check("files_match_record", files_match_record,
+                           "Every downloaded file exists with the size recorded when it was downloaded.")
+
+
 def hf_download_step(name: str, repo_id: str, revision: str, include: Sequence[str] = ("*",),
                      repo_type: str = "dataset") -> Step:
     """Pin `revision` to a commit sha for a reproducible identity; a branch is followed by the
@@ -264,8 +282,10 @@ def hf_download_step(name: str, repo_id: str, revision: str, include: Sequence[s
         fn=lambda out: download_hf(out, repo_id, revision, include, repo_type),
         hash_attrs={"repo_id": repo_id, "revision": revision, "include": list(include), "repo_type": repo_type},
         kind="download",
-        description=download_hf.__doc__,
+        description=made_by(download_hf),
         source_version=None if is_commit_sha(revision) else lambda: hf_source_version(repo_id, revision, repo_type),
+        kinds=["huggingface"],
+        checks=[FILES_MATCH_RECORD],
     )
 
 
@@ -275,8 +295,9 @@ def url_download_step(name: str, urls: Sequence[str]) -> Step:
         fn=lambda out: download_urls(out, urls),
         hash_attrs={"urls": list(urls)},
         kind="download",
-        description=download_urls.__doc__,
+        description=made_by(download_urls),
         source_version=lambda: url_source_version(urls),
+        checks=[FILES_MATCH_RECORD],
     )
 
 

@@ -7,13 +7,15 @@ the last) can be exported or evaluated: the automation builds per-checkpoint eva
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
 from dataclasses import dataclass
 
+from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.record import load_result
-from marin_assets.core.step import Resources, Step
+from marin_assets.core.step import Resources, Step, made_by
 from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
 from marin_assets.pipeline.tokenize import TokenizedCache
 from marin_assets.pipeline.train import TrainResult, checkpoint_path_of
@@ -125,6 +127,18 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
     return result
 
 
+def every_set_evaluated(names: list[str]) -> Check:
+    def check(output_path: str, result: dict) -> CheckOutcome:
+        values = {n: (result.get("per_dataset") or {}).get(n, {}).get("loss") for n in names}
+        missing = [n for n, v in values.items() if not isinstance(v, (int, float)) or not math.isfinite(v)]
+        if missing:
+            return CheckOutcome(False, f"no finite loss for {', '.join(missing)}")
+        return CheckOutcome(True, ", ".join(f"{n}: {v:.4g}" for n, v in values.items()),
+                            {f"{n}_loss": v for n, v in values.items()})
+
+    return Check("every_set_evaluated", check, f"A finite loss for every validation set ({', '.join(names)}).")
+
+
 def _train_spec(train: Step) -> ModelSpec:
     return train.hash_attrs["model"]
 
@@ -136,7 +150,7 @@ def export_step(name: str, train: Step, checkpoint_step: int | None = None) -> S
         return export_hf(out, result.checkpoint_path(checkpoint_step), _train_spec(train), tokenizer)
 
     return Step(name=name, fn=run, deps=[train], hash_attrs={"checkpoint_step": checkpoint_step}, kind="export",
-                description=export_hf.__doc__)
+                description=made_by(export_hf), kinds=["levanter", "huggingface"])
 
 
 def evaluate_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int | None = None,
@@ -152,7 +166,8 @@ def evaluate_step(name: str, train: Step, validation: dict[str, Step], checkpoin
     return Step(name=name, fn=run, deps=[train] + [validation[k] for k in names],
                 hash_attrs={"checkpoint_step": checkpoint_step, "max_eval_batches": max_eval_batches,
                             "validation": names},
-                resources=Resources(cpu=1), kind="eval", description=evaluate_lm.__doc__)
+                resources=Resources(cpu=1), kind="eval", description=made_by(evaluate_lm),
+                kinds=["levanter", "jax"], checks=[every_set_evaluated(names)])
 
 
 def checkpoint_eval_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int,
@@ -172,7 +187,8 @@ def checkpoint_eval_step(name: str, train: Step, validation: dict[str, Step], ch
     return Step(name=name, fn=run, deps=[validation[k] for k in names],
                 hash_attrs={"checkpoint_of": train.name_with_hash, "checkpoint_step": checkpoint_step,
                             "max_eval_batches": max_eval_batches, "validation": names},
-                resources=Resources(cpu=1), kind="eval", description=checkpoint_eval_step.__doc__)
+                resources=Resources(cpu=1), kind="eval", description=made_by(checkpoint_eval_step),
+                kinds=["levanter", "jax"], checks=[every_set_evaluated(names)])
 
 
 def _tokenizer_path(train: Step) -> str:

@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 
 from marin_assets.core.record import load_result
-from marin_assets.core.step import Step
+from marin_assets.core.step import Step, made_by
 
 NUMBERS_FILE = "numbers.jsonl"
 
@@ -75,7 +75,7 @@ def numbers_step(name: str, n: int, seed: int = 0) -> Step:
         name=name,
         fn=lambda out: generate_numbers(out, n=n, seed=seed),
         hash_attrs={"n": n, "seed": seed},
-        description=generate_numbers.__doc__,
+        description=made_by(generate_numbers),
     )
 
 
@@ -84,7 +84,7 @@ def stats_step(name: str, numbers: Step) -> Step:
         name=name,
         fn=lambda out: compute_stats(numbers.output_path, out),
         deps=[numbers],
-        description=compute_stats.__doc__,
+        description=made_by(compute_stats),
     )
 
 
@@ -94,5 +94,5 @@ def report_step(name: str, stats: Step, title: str) -> Step:
         fn=lambda out: write_report(load_result(stats, Stats), title, out),
         deps=[stats],
         hash_attrs={"title": title},
-        description=write_report.__doc__,
+        description=made_by(write_report),
     )

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import fsspec
 
+from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
-from marin_assets.core.step import Resources, Step
+from marin_assets.core.step import Resources, Step, made_by
 from marin_assets.pipeline.text_files import DatasetError, expand_files, iter_documents
 from marin_assets.pipeline.tokenizer import load_hf_tokenizer
 
@@ -320,6 +321,38 @@ def tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
                           round(tokens / max(time.monotonic() - started, 1e-9), 1))
 
 
+def cache_not_empty(output_path: str, result: dict) -> CheckOutcome:
+    """Each split's Levanter ledger is finished and holds documents, and the record counted tokens."""
+    rows = {}
+    for split in result["splits"]:
+        ledger = json.loads(read_bytes(join_path(output_path, split, "shard_ledger.json")) or b"{}")
+        rows[split] = ledger.get("total_num_rows", 0) if ledger.get("is_finished") else 0
+    empty = sorted(s for s, n in rows.items() if n == 0 or result["splits"][s]["tokens"] == 0)
+    tokens = {f"{s}_tokens": result["splits"][s]["tokens"] for s in rows}
+    message = (f"empty or unfinished: {', '.join(empty)}" if empty
+               else ", ".join(f"{s}: {n} documents" for s, n in rows.items()))
+    return CheckOutcome(bool(rows) and not empty, message, {**{f"{s}_documents": n for s, n in rows.items()}, **tokens})
+
+
+def tokenizer_matches(tokenizer: Step) -> Check:
+    """The cache was built with the tokenizer the step declares, as that tokenizer is now."""
+
+    def check(output_path: str, result: dict) -> CheckOutcome:
+        found = json.loads(read_bytes(join_path(output_path, FINGERPRINT_FILE)) or b"{}").get("fingerprint")
+        declared = tokenizer_fingerprint(tokenizer.output_path)
+        if found == declared:
+            return CheckOutcome(True, f"built with {tokenizer.name} (fingerprint {declared[:12]})")
+        return CheckOutcome(False, f"built with a tokenizer of fingerprint {str(found)[:12]}, but {tokenizer.name} now"
+                                   f" has fingerprint {declared[:12]}", {"found": str(found), "declared": declared})
+
+    return Check("tokenizer_matches", check, "The cache was built with the declared tokenizer (same tokenizer.json).",
+                 blocking=True)
+
+
+CACHE_NOT_EMPTY = Check("cache_not_empty", cache_not_empty,
+                        "Every split is a finished Levanter cache with documents and tokens.", blocking=True)
+
+
 def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, Sequence[str]] | None = None,
                   text_field: str = "text", workers: int = 1, cpu: float = 1) -> Step:
     splits = {k: list(v) for k, v in (splits or {"train": ["train/*"], "validation": ["validation/*"]}).items()}
@@ -331,5 +364,7 @@ def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, S
         hash_attrs={"splits": splits, "text_field": text_field, "format": "levanter-cache-v1"},
         resources=Resources(cpu=cpu),
         kind="tokenize",
-        description=tokenize.__doc__,
+        description=made_by(tokenize),
+        kinds=["levanter"],
+        checks=[CACHE_NOT_EMPTY, tokenizer_matches(tokenizer)],
     )

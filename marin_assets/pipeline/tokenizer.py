@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from marin_assets.core.step import Resources, Step
+from marin_assets.core.step import Resources, Step, made_by
 from marin_assets.pipeline.text_files import (
     DatasetError,
     expand_files,
@@ -124,7 +124,8 @@ def bpe_tokenizer_step(name: str, dataset: Step, vocab_size: int, files: Sequenc
                     "max_documents": max_documents, "kind": "byte-level-bpe"},
         resources=Resources(cpu=1),
         kind="tokenizer",
-        description=train_tokenizer.__doc__,
+        description=made_by(train_tokenizer),
+        kinds=["huggingface"],
     )
 
 
@@ -134,5 +135,6 @@ def existing_tokenizer_step(name: str, name_or_path: str, revision: str | None =
         fn=lambda out: adopt_tokenizer(out, name_or_path, revision),
         hash_attrs={"name_or_path": name_or_path, "revision": revision},
         kind="tokenizer",
-        description=adopt_tokenizer.__doc__,
+        description=made_by(adopt_tokenizer),
+        kinds=["huggingface"],
     )

@@ -9,6 +9,7 @@ the loss curve, read from Levanter's JSON metrics.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -17,10 +18,11 @@ from dataclasses import dataclass, field
 
 import fsspec
 
+from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.identity import canonical
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
-from marin_assets.core.step import Resources, Step, StepDefinitionError
+from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.specs import (
     ModelSpec,
     OptimizerSpec,
@@ -170,6 +172,23 @@ def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: floa
     )
 
 
+def loss_fell(output_path: str, result: dict) -> CheckOutcome:
+    """Every logged training loss is finite and the last is below the first."""
+    curve = result.get("loss_curve") or []
+    losses = [loss for _, loss in curve]
+    if len(losses) < 2:
+        return CheckOutcome(False, f"only {len(losses)} training loss value(s) logged")
+    bad = [step for step, loss in curve if not math.isfinite(loss)]
+    if bad:
+        return CheckOutcome(False, f"non-finite loss at steps {bad[:10]}", {"non_finite": len(bad)})
+    fell = losses[-1] < losses[0]
+    return CheckOutcome(fell, f"loss {losses[0]:.4g} → {losses[-1]:.4g}" + ("" if fell else " (did not fall)"),
+                        {"first_loss": losses[0], "last_loss": losses[-1]})
+
+
+LOSS_FELL = Check("loss_finite_and_fell", loss_fell, "Training loss is finite at every logged step and fell.")
+
+
 def tokenizer_of(tokenized: Step) -> Step | None:
     return next((d for d in tokenized.deps if d.kind == "tokenizer"), None)
 
@@ -212,5 +231,7 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
         hash_attrs={"weights": canonical(weights), "model": model, "optimizer": optimizer, "trainer": trainer},
         resources=Resources(cpu=cpu, tpu_type=tpu_type),
         kind="train",
-        description=train_lm.__doc__,
+        description=made_by(train_lm),
+        kinds=["levanter", "jax"],
+        checks=[LOSS_FELL],
     )
