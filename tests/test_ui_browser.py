@@ -1,0 +1,270 @@
+"""The lineage UI in a real browser: Debian's Chromium, driven by Playwright, against `dagster dev`
+on loopback with a temporary DAGSTER_HOME, serving the demo's graph at test size.
+
+What the UI shows is also read from the webserver's GraphQL API — the data the pages render — so
+each test checks both what is on the screen and what it means. Screenshots go to
+tests/artifacts/screenshots/ (the README's come from there).
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests import ui_definitions as ui
+from tests.browser import ARGS, ensure_chromium
+from tests.conftest import BIN, ROOT, corpus_and_tokenizer, subprocess_env
+
+SHOTS = ROOT / "tests" / "artifacts" / "screenshots"
+GROUPS = ["hello", "raw", "tokenizers", "tokenized", "checkpoints", "exports", "evals"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class UI:
+    def __init__(self, base: str, env: dict, page, tmp: Path):
+        self.base, self.env, self.page, self.tmp = base, env, page, tmp
+
+    def graphql(self, query: str, **variables) -> dict:
+        body = json.dumps({"query": query, "variables": variables}).encode()
+        request = urllib.request.Request(f"{self.base}/graphql", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            data = json.load(response)
+        assert "errors" not in data, data["errors"]
+        return data["data"]
+
+    def latest_materialization(self, key: str) -> dict:
+        data = self.graphql(LATEST, assetKey={"path": key.split("/")})
+        [event] = data["assetOrError"]["assetMaterializations"]
+        return {"runId": event["runId"], "metadata": {e["label"]: e for e in event["metadataEntries"]}}
+
+    def node(self, key: str) -> dict:
+        return self.graphql(NODE, assetKey={"path": key.split("/")})["assetNodeOrError"]
+
+    def materialize_cli(self, select: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(ROOT / "tests" / "ui_definitions.py"),
+                               "--select", select], cwd=ROOT, env=self.env, capture_output=True, text=True)
+
+    def shot(self, name: str) -> Path:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        path = SHOTS / name
+        self.page.screenshot(path=str(path))
+        return path
+
+
+LATEST = """
+query Latest($assetKey: AssetKeyInput!) {
+  assetOrError(assetKey: $assetKey) {
+    ... on Asset {
+      assetMaterializations(limit: 1) {
+        runId
+        metadataEntries {
+          __typename label
+          ... on MarkdownMetadataEntry { mdStr }
+          ... on PathMetadataEntry { path }
+          ... on FloatMetadataEntry { floatValue }
+          ... on IntMetadataEntry { intValue }
+          ... on TextMetadataEntry { text }
+          ... on BoolMetadataEntry { boolValue }
+          ... on JsonMetadataEntry { jsonString }
+          ... on TableMetadataEntry { table { records schema { columns { name } } } }
+        }
+      }
+    }
+  }
+}"""
+
+NODE = """
+query Node($assetKey: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode {
+      groupName description opVersion kinds staleStatus
+      staleCauses { key { path } category reason }
+      assetChecksOrError {
+        ... on AssetChecks {
+          checks { name executionForLatestMaterialization { status evaluation { success description } } }
+        }
+      }
+    }
+  }
+}"""
+
+
+@pytest.fixture(scope="module")
+def ui_server(tmp_path_factory):
+    """The tiny demo materialized by the CLI, then `dagster dev` serving it, and a browser."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = ensure_chromium()
+    tmp = tmp_path_factory.mktemp("ui")
+    home = tmp / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
+    settings = tmp / "settings.json"
+    settings.write_text(json.dumps({"title": "Hello"}))
+    env = subprocess_env(DAGSTER_HOME=str(home), MARIN_PREFIX=str(tmp / "outputs"), MARIN_UI_SETTINGS=str(settings))
+    first = subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(ROOT / "tests" / "ui_definitions.py"),
+                            "--select", ui.SELECTION], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    port = free_port()
+    log = open(tmp / "dagster-dev.log", "w")
+    server = subprocess.Popen([str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port),
+                               "-f", str(ROOT / "tests" / "ui_definitions.py")],
+                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/server_info", timeout=2)
+            break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, (tmp / "dagster-dev.log").read_text()[-3000:]
+            time.sleep(0.5)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=ARGS)
+        page = browser.new_page(viewport={"width": 1800, "height": 1100})
+        page.set_default_timeout(60_000)
+        try:
+            yield UI(base, env, page, tmp)
+        finally:
+            browser.close()
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+
+
+def materialize_button(page):
+    # The button's accessible name includes its icon's label ("materialization Materialize").
+    return page.locator("button").filter(has_text=re.compile(r"^Materialize$"))
+
+
+def test_the_graph_shows_every_stage_and_asset(ui_server):
+    page = ui_server.page
+    expanded = ",".join(f"global@global:{group}" for group in GROUPS)  # groups start collapsed
+    page.goto(f"{ui_server.base}/asset-groups?expanded={urllib.parse.quote(expanded)}")
+    for group in GROUPS:
+        page.locator(f'[data-tooltip="{group}"]').first.wait_for()
+    graph = page.locator("svg").filter(has_text="tiny-stories-bpe").first  # zoomed out, nodes show their names
+    for name, count in [("numbers", 1), ("stats", 1), ("report", 1), ("tiny-stories", 1), ("tiny-stories-bpe", 2),
+                        ("tiny-stories-llama", 3)]:
+        names = graph.get_by_text(name, exact=True)
+        names.first.wait_for()
+        assert names.count() == count, (name, names.count())
+    graph.get_by_text(re.compile(r"^tiny-.*checkpoints$")).first.wait_for()  # the long name is shortened
+    page.wait_for_load_state("networkidle")
+    ui_server.shot("asset-graph.png")
+    node = ui_server.node("tokenized/tiny-stories-bpe")
+    assert node["groupName"] == "tokenized" and set(node["kinds"]) == {"tokenize", "levanter", "ray"}
+    assert "Made by `marin_assets.pipeline.tokenize.tokenize`" in node["description"]
+
+
+def test_an_asset_page_tells_what_the_training_made(ui_server):
+    page = ui_server.page
+    page.goto(f"{ui_server.base}/assets/checkpoints/tiny-stories-llama")
+    page.get_by_text("Metadata", exact=True).first.wait_for()
+    for label in ["output_path", "hash", "hash_attrs", "cached", "duration_s", "result.final_train_loss",
+                  "result.tokens_per_second", "result.checkpoint_steps", "result.loss_curve"]:
+        page.get_by_text(label, exact=True).first.wait_for()
+    plot = page.locator(".dagster-markdown img").first
+    plot.wait_for()
+    assert plot.evaluate("img => img.complete && img.naturalWidth") > 0  # the loss curve rendered
+    page.wait_for_load_state("networkidle")
+    ui_server.shot("asset-page-training.png")
+    page.get_by_text("result.loss_curve", exact=True).first.scroll_into_view_if_needed()
+    page.mouse.wheel(0, -250)
+    page.wait_for_timeout(300)
+    ui_server.shot("loss-curve.png")
+
+    md = ui_server.latest_materialization("checkpoints/tiny-stories-llama")["metadata"]
+    assert md["output_path"]["path"].endswith(ui.pipeline["train"].name_with_hash)
+    assert md["result.checkpoint_steps"]["text"] == "5, 10, 11"
+    assert md["result.final_train_loss"]["floatValue"] < json.loads(md["result"]["jsonString"])["loss_curve"][0][1]
+    checks = {c["name"]: c["executionForLatestMaterialization"]
+              for c in ui_server.node("checkpoints/tiny-stories-llama")["assetChecksOrError"]["checks"]}
+    assert checks["loss_finite_and_fell"]["status"] == "SUCCEEDED"
+
+    evals = ui_server.latest_materialization("evals/tiny-stories-llama")["metadata"]
+    rows = [json.loads(r) for r in evals["result.per_dataset"]["table"]["records"]]
+    assert [r["name"] for r in rows] == ["stories"] and rows[0]["loss"] > 0 and rows[0]["bpb"] > 0
+    tokenized = ui_server.latest_materialization("tokenized/tiny-stories-bpe")["metadata"]
+    splits = {json.loads(r)["name"]: json.loads(r) for r in tokenized["result.splits"]["table"]["records"]}
+    assert splits["train"]["tokens"] > 0 and splits["validation"]["documents"] == 60
+    assert tokenized["result.tokenizer"]["text"].endswith(ui.pipeline["tokenizer"].name_with_hash)
+
+
+def test_materialize_from_the_asset_page_launches_a_run_that_succeeds(ui_server):
+    page = ui_server.page
+    before = ui_server.latest_materialization("hello/report")["runId"]
+    page.goto(f"{ui_server.base}/assets/hello/report")
+    page.get_by_text("Metadata", exact=True).first.wait_for()
+    materialize_button(page).first.click()
+    page.get_by_text("Launched run").first.wait_for()
+    page.get_by_role("link", name="View").first.click()
+    page.wait_for_url("**/runs/**")
+    run_id = page.url.rstrip("/").split("/runs/")[1].split("?")[0]
+    page.get_by_text("Success", exact=True).first.wait_for(timeout=180_000)
+    latest = ui_server.latest_materialization("hello/report")
+    assert latest["runId"] == run_id != before  # the new materialization is this run's
+    assert latest["metadata"]["cached"]["boolValue"] is True  # identity unchanged: a cache hit
+    page.goto(f"{ui_server.base}/assets/hello/report?view=events")
+    page.get_by_text(run_id[:8]).first.wait_for()
+
+
+def test_an_unsynced_asset_shows_which_attribute_changed(ui_server):
+    page = ui_server.page
+    old_hash = ui_server.node("hello/report")["opVersion"]
+    Path(ui_server.env["MARIN_UI_SETTINGS"]).write_text(json.dumps({"title": "Hello, again"}))
+    page.goto(f"{ui_server.base}/asset-groups")
+    page.get_by_text("Reload definitions").first.click()
+    deadline = time.time() + 60
+    while ui_server.node("hello/report")["opVersion"] == old_hash:
+        assert time.time() < deadline, "the reload did not pick up the new title"
+        time.sleep(0.5)
+    node = ui_server.node("hello/report")
+    assert node["staleStatus"] == "STALE" and node["staleCauses"][0]["category"] == "CODE"
+    assert "`title`: 'Hello' → 'Hello, again'" in node["description"]
+    page.goto(f"{ui_server.base}/assets/hello/report")
+    page.get_by_text(re.compile(r"^Unsynced")).first.wait_for()
+    page.get_by_text("Changed since the last materialization").first.wait_for()
+    page.get_by_text("'Hello' → 'Hello, again'").first.wait_for()
+    page.wait_for_load_state("networkidle")
+    ui_server.shot("unsynced-asset.png")
+
+
+def test_a_cache_built_with_another_tokenizer_fails_its_check(ui_server):
+    # Someone replaced the tokenizer's files in place: the cache no longer matches what it declares.
+    _, other = corpus_and_tokenizer(ui_server.tmp / "other", train_documents=200, validation_documents=10, seed=7,
+                                    shards=1, vocab_size=300)
+    tokenizer_dir = Path(ui.pipeline["tokenizer"].output_path_under(ui_server.env["MARIN_PREFIX"]))
+    (tokenizer_dir / "tokenizer.json").write_bytes((Path(other) / "tokenizer.json").read_bytes())
+    run = ui_server.materialize_cli("tokenized/tiny-stories-bpe")
+    assert run.returncode != 0  # the check is blocking: the run fails
+    checks = {c["name"]: c["executionForLatestMaterialization"]
+              for c in ui_server.node("tokenized/tiny-stories-bpe")["assetChecksOrError"]["checks"]}
+    assert checks["tokenizer_matches"]["status"] == "FAILED"
+    assert checks["tokenizer_matches"]["evaluation"]["success"] is False
+    assert "fingerprint" in checks["tokenizer_matches"]["evaluation"]["description"]
+    assert checks["cache_not_empty"]["status"] == "SUCCEEDED"
+
+    page = ui_server.page
+    page.goto(f"{ui_server.base}/assets/tokenized/tiny-stories-bpe?view=checks")
+    page.get_by_text("tokenizer_matches").first.click()
+    page.get_by_text("Evaluation result").first.wait_for()
+    page.get_by_text("Failed", exact=True).first.wait_for()
+    page.wait_for_load_state("networkidle")
+    ui_server.shot("failed-check.png")

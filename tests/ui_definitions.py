@@ -1,0 +1,28 @@
+"""The demo's graph at test size, for the browser tests: the same stages, names, checks and
+metadata as `definitions.py`, with a tiny corpus and model. Storage: MARIN_PREFIX. The report's
+title comes from the JSON file at MARIN_UI_SETTINGS, so a test can change a hash_attr and reload."""
+
+import json
+import os
+
+from marin_assets import build_definitions
+from marin_assets.automation import checkpoint_evals_asset, checkpoint_sensor
+from marin_assets.experiments import tiny_stories
+from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
+from marin_assets.pipeline.specs import OptimizerSpec
+from tests.automation_pipeline import SHORT, TINY
+
+settings_file = os.environ.get("MARIN_UI_SETTINGS")
+settings = json.loads(open(settings_file).read()) if settings_file and os.path.exists(settings_file) else {}
+
+numbers = numbers_step("hello/numbers", n=1000, seed=0)
+report = report_step("hello/report", stats_step("hello/stats", numbers), title=settings.get("title", "Hello"))
+pipeline = tiny_stories.build(train_documents=800, validation_documents=60, vocab_size=400, model=TINY, trainer=SHORT,
+                              optimizer=OptimizerSpec(learning_rate=1e-2))
+per_checkpoint = [tiny_stories.checkpoint_evals(pipeline)]
+steps = [report, pipeline["export"], pipeline["evaluate"]]
+SELECTION = "*hello/report,*exports/tiny-stories-llama,*evals/tiny-stories-llama"
+
+defs = build_definitions(steps, describe_drift=True,
+                         extra_assets=[checkpoint_evals_asset(e) for e in per_checkpoint],
+                         sensors=[checkpoint_sensor(per_checkpoint)])
