@@ -124,6 +124,17 @@ def materialize_asset(step: Step, context: dg.AssetExecutionContext,
                                 check_results=check_results(step, outcome, context))
 
 
+def pool_of(step: Step) -> str | None:
+    """The concurrency pool of a step needing accelerators (`tpu-v5e-16`, `gpu-H100`, `gpu`):
+    the instance limits how many run at once (`dagster instance concurrency set <pool> N`)."""
+    resources = step.resources
+    if resources.tpu_type:
+        return f"tpu-{resources.tpu_type}"
+    if resources.gpu:
+        return f"gpu-{resources.gpu_type}" if resources.gpu_type else "gpu"
+    return None
+
+
 def definition_metadata(step: Step) -> dict[str, Any]:
     """What the asset's definition shows before any materialization: what identity covers."""
     resources = step.resources
@@ -169,6 +180,7 @@ def step_asset(step: Step, automation_condition: dg.AutomationCondition | None =
         config_schema=STEP_CONFIG_SCHEMA,
         required_resource_keys={STORAGE_KEY, RAY_KEY},
         automation_condition=automation_condition,
+        pool=pool_of(step),
     )(body)
 
 
