@@ -24,6 +24,7 @@ from tests.browser import ARGS, ensure_chromium
 from tests.conftest import BIN, ROOT, corpus_and_tokenizer, subprocess_env
 
 SHOTS = ROOT / "tests" / "artifacts" / "screenshots"
+DEFINITIONS = ROOT / "tests" / "ui_definitions.py"
 GROUPS = ["hello", "raw", "tokenizers", "tokenized", "checkpoints", "exports", "evals"]
 
 
@@ -54,8 +55,8 @@ class UI:
         return self.graphql(NODE, assetKey={"path": key.split("/")})["assetNodeOrError"]
 
     def materialize_cli(self, select: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(ROOT / "tests" / "ui_definitions.py"),
-                               "--select", select], cwd=ROOT, env=self.env, capture_output=True, text=True)
+        return subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(DEFINITIONS), "--select", select],
+                              cwd=ROOT, env=self.env, capture_output=True, text=True)
 
     def shot(self, name: str) -> Path:
         SHOTS.mkdir(parents=True, exist_ok=True)
@@ -115,14 +116,14 @@ def ui_server(tmp_path_factory):
     settings = tmp / "settings.json"
     settings.write_text(json.dumps({"title": "Hello"}))
     env = subprocess_env(DAGSTER_HOME=str(home), MARIN_PREFIX=str(tmp / "outputs"), MARIN_UI_SETTINGS=str(settings))
-    first = subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(ROOT / "tests" / "ui_definitions.py"),
-                            "--select", ui.SELECTION], cwd=ROOT, env=env, capture_output=True, text=True)
+    first = subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(DEFINITIONS), "--select", ui.SELECTION],
+                           cwd=ROOT, env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-3000:]
 
     port = free_port()
     log = open(tmp / "dagster-dev.log", "w")
     server = subprocess.Popen([str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port),
-                               "-f", str(ROOT / "tests" / "ui_definitions.py")],
+                               "-f", str(DEFINITIONS)],
                               cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
