@@ -9,8 +9,11 @@ import os
 import sys
 import time
 
+import fsspec
+
 from marin_assets.core.execute import materialize_step
 from marin_assets.core.lease import LeaseLostError, LeaseSettings
+from marin_assets.core.paths import join_path
 from marin_assets.core.step import Step
 
 prefix, events, mode, sleep, heartbeat, stale = sys.argv[1:7]
@@ -23,8 +26,7 @@ def note(what: str) -> None:
 
 def work(output_path: str) -> dict:
     note("start")
-    os.makedirs(output_path, exist_ok=True)
-    with open(os.path.join(output_path, f"part-{os.getpid()}.txt"), "w") as f:
+    with fsspec.open(join_path(output_path, f"part-{os.getpid()}.txt"), "w") as f:  # local or gs://
         f.write("partial")
     time.sleep(float(sleep))
     if mode == "fail":

@@ -38,3 +38,11 @@ def read_bytes(url: str) -> bytes | None:
         return fs.cat_file(path)
     except FileNotFoundError:
         return None
+
+
+def open_file(url: str, mode: str = "r"):
+    """Open a local path or fsspec URL; for writing, make the parent folder first (local disks need it)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    if "w" in mode or "a" in mode:
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    return fs.open(path, mode)

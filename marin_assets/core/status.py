@@ -6,14 +6,16 @@ the object is still the one it last wrote. A holder that lost its lease (someone
 after its heartbeat went stale) therefore cannot write a second success mark (Marin #8107).
 
 Stores implement `read()` and `write_if(expected_version, new)`: on a local disk with
-`fcntl.flock` around compare-and-replace; on other fsspec stores best-effort (write, then
-read back) until a store offers conditional writes.
+`fcntl.flock` around compare-and-replace; on GCS with generation preconditions
+(`ifGenerationMatch`), exact across machines; on other fsspec stores best-effort (write,
+then read back), documented as such.
 """
 
 from __future__ import annotations
 
 import enum
 import fcntl
+import functools
 import json
 import os
 import socket
@@ -139,11 +141,61 @@ class BestEffortStatusStore:
         return payload if self.read()[1] == payload else None
 
 
+class GCSStatusStore:
+    """Compare-and-swap by GCS generation preconditions: a write names the generation it
+    replaces (0: the object must not exist) and GCS refuses it (412) if another landed first.
+
+    Credentials come from the standard Google chain (application default credentials, the
+    metadata server, `GOOGLE_APPLICATION_CREDENTIALS`); `STORAGE_EMULATOR_HOST` points it at an
+    emulator. The object is small, so each write is one request that is applied whole or not.
+    """
+
+    def __init__(self, output_path: str):
+        bucket, _, key = output_path.split("://", 1)[1].partition("/")
+        self.bucket = bucket
+        self.name = f"{key.strip('/')}/{STATUS_FILE}" if key.strip("/") else STATUS_FILE
+
+    def _blob(self):
+        return _gcs_client().bucket(self.bucket).blob(self.name)
+
+    def read(self) -> tuple[StatusRecord | None, Version]:
+        from google.api_core.exceptions import NotFound
+
+        blob = self._blob()
+        try:
+            raw = blob.download_as_bytes()
+        except NotFound:
+            return None, None
+        return StatusRecord.from_bytes(raw), blob.generation
+
+    def write_if(self, expected: Version, new: StatusRecord) -> Version | None:
+        from google.api_core.exceptions import PreconditionFailed
+
+        blob = self._blob()
+        payload = new.to_bytes()
+        try:
+            blob.upload_from_string(payload, content_type="application/json", if_generation_match=expected or 0)
+        except PreconditionFailed:
+            # A retried request whose first attempt landed also gets 412: then the object is ours.
+            found, generation = self.read()
+            return generation if found is not None and found.to_bytes() == payload else None
+        return blob.generation
+
+
+@functools.cache
+def _gcs_client():
+    from google.cloud import storage
+
+    return storage.Client()
+
+
 def status_store(output_path: str) -> StatusStore:
-    """The store for an output path: local disk or, for URLs, by protocol."""
+    """The store for an output path: local disk, GCS, or best effort for other URLs."""
     protocol = output_path.split("://", 1)[0] if "://" in output_path else "file"
     if protocol in ("file", "local"):
         return LocalStatusStore(output_path.removeprefix("file://"))
+    if protocol in ("gs", "gcs"):
+        return GCSStatusStore(output_path)
     return BestEffortStatusStore(output_path)
 
 

@@ -1,17 +1,19 @@
 """Hello world, in the spirit of Marin's tutorial: generate numbers, then compute statistics.
 
-Written with the same public API as the LLM steps: plain functions taking an `output_path`,
-and factories that return a `Step` with the right hash_attrs and deps.
+Written with the same public API as the LLM steps: plain functions taking an `output_path`
+(a local path or any fsspec URL such as `gs://`), and factories that return a `Step` with the
+right hash_attrs and deps.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import random
 from dataclasses import dataclass
 
+from marin_assets.core.files import open_file
+from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.step import Step, made_by
 
@@ -38,9 +40,7 @@ def generate_numbers(output_path: str, n: int, seed: int) -> Numbers:
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
     rng = random.Random(seed)
-    os.makedirs(output_path, exist_ok=True)
-    path = os.path.join(output_path, NUMBERS_FILE)
-    with open(path, "w") as f:
+    with open_file(join_path(output_path, NUMBERS_FILE), "w") as f:
         for _ in range(n):
             f.write(json.dumps({"x": rng.uniform(0, 100)}) + "\n")
     return Numbers(count=n, file=NUMBERS_FILE)
@@ -48,24 +48,22 @@ def generate_numbers(output_path: str, n: int, seed: int) -> Numbers:
 
 def compute_stats(input_path: str, output_path: str) -> Stats:
     """Count, mean, standard deviation, min and max of the numbers at `input_path`."""
-    with open(os.path.join(input_path, NUMBERS_FILE)) as f:
+    with open_file(join_path(input_path, NUMBERS_FILE)) as f:
         xs = [json.loads(line)["x"] for line in f if line.strip()]
     if not xs:
         raise ValueError(f"no numbers in {input_path}")
     mean = sum(xs) / len(xs)
     stats = Stats(len(xs), mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs)), min(xs), max(xs))
-    os.makedirs(output_path, exist_ok=True)
-    with open(os.path.join(output_path, "stats.json"), "w") as f:
+    with open_file(join_path(output_path, "stats.json"), "w") as f:
         json.dump(stats.__dict__, f, indent=2)
     return stats
 
 
 def write_report(stats: Stats, title: str, output_path: str) -> str:
     """A markdown summary of the statistics, made from the upstream step's typed result."""
-    os.makedirs(output_path, exist_ok=True)
     text = (f"# {title}\n\n| count | mean | std | min | max |\n|---|---|---|---|---|\n"
             f"| {stats.count} | {stats.mean:.3f} | {stats.std:.3f} | {stats.min:.3f} | {stats.max:.3f} |\n")
-    with open(os.path.join(output_path, "report.md"), "w") as f:
+    with open_file(join_path(output_path, "report.md"), "w") as f:
         f.write(text)
     return text
 
