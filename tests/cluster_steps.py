@@ -28,3 +28,12 @@ def on_each_host(output_path):
     ids = ray.get_runtime_context().get_accelerator_ids().get("TPU", [])
     hosts = len([n for n in os.listdir(output_path) if n.startswith("host-")])
     return {"tpu_ids": ids, "hosts_seen": hosts, "pod": os.environ.get("TPU_NAME")}
+
+
+def write_here(output_path):
+    """Write into the output — a local path or a URL such as gs:// — from a worker of the cluster."""
+    import fsspec
+
+    with fsspec.open(f"{output_path}/written-by.txt", "w") as f:
+        f.write(f"{os.environ.get('MARIN_TEST_HEAD')}:{os.getpid()}")
+    return {"head": os.environ.get("MARIN_TEST_HEAD"), "pid": os.getpid()}

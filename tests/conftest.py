@@ -73,3 +73,25 @@ def corpus_and_tokenizer(root: Path, train_documents: int, validation_documents:
     generate_corpus(raw, train_documents=train_documents, validation_documents=validation_documents, seed=seed,
                     shards=shards)
     return raw, train_tokenizer(str(root / "tok"), raw, vocab_size=vocab_size).path
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+    """A GCS emulator for the whole session, with this process's GCS clients pointed at it
+    (through the environment, which subprocesses inherit) and a bucket `marin`."""
+    import fsspec
+
+    from tests.gcs_emulator import gcs_emulator, use_emulator
+
+    with gcs_emulator(tmp_path_factory.mktemp("gcs") / "emulator.log") as url:
+        use_emulator(url)
+        fsspec.filesystem("gs").mkdir("marin")
+        yield url
+
+
+@pytest.fixture
+def gs_prefix(gcs):
+    """A fresh `gs://marin/<random>` storage prefix on the emulator."""
+    import uuid
+
+    return f"gs://marin/{uuid.uuid4().hex[:8]}"

@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 
 import fsspec
 import pytest
@@ -15,27 +14,13 @@ from marin_assets.core.lease import Lease, LeaseLostError, LeaseSettings, acquir
 from marin_assets.core.status import GCSStatusStore, Status, StatusRecord, read_status, status_store
 from marin_assets.core.step import Step, walk
 from tests.conftest import BIN, ROOT, subprocess_env
-from tests.gcs_emulator import emulator_env, gcs_emulator, use_emulator
+from tests.gcs_emulator import emulator_env
 
 FAST = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.5, poll_interval=0.05)
 
 
-@pytest.fixture(scope="session")
-def gcs(tmp_path_factory):
-    with gcs_emulator(tmp_path_factory.mktemp("gcs") / "emulator.log") as url:
-        use_emulator(url)
-        fsspec.filesystem("gs").mkdir("marin")
-        yield url
-
-
-@pytest.fixture
-def gs_prefix(gcs):
-    return f"gs://marin/{uuid.uuid4().hex[:8]}"
-
-
 def test_the_demo_hello_world_materializes_to_gs_through_the_cli(gs_prefix, dagster_home, tmp_path):
-    env = subprocess_env(MARIN_PREFIX=gs_prefix, DAGSTER_HOME=str(dagster_home), **emulator_env(
-        subprocess_env()["STORAGE_EMULATOR_HOST"]))
+    env = subprocess_env(MARIN_PREFIX=gs_prefix, DAGSTER_HOME=str(dagster_home))  # the emulator's variables too
     cmd = [str(BIN / "dagster"), "asset", "materialize", "-f", "definitions.py", "--select", "*hello/report"]
     first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-3000:]

@@ -14,6 +14,7 @@ import textwrap
 import time
 import uuid
 
+import fsspec
 import psutil
 import pytest
 
@@ -26,15 +27,19 @@ DEFS = textwrap.dedent(
     import os
     from marin_assets import Resources, Step, build_definitions
     from resources import RayResource
-    from tests.cluster_steps import on_each_host, sleepy, where
+    from tests.cluster_steps import on_each_host, sleepy, where, write_here
+    from tests.gcs_emulator import emulator_env
 
     steps = [
         Step(name="cluster/where", fn=where),
         Step(name="cluster/sleepy", fn=sleepy),
         Step(name="cluster/tpu-host", fn=on_each_host, resources=Resources(tpu_type="v4-8")),
         Step(name="cluster/tpu-slice", fn=on_each_host, resources=Resources(tpu_type="v4-16")),
+        Step(name="cluster/write-here", fn=write_here),
     ]
-    ray = RayResource(address=os.environ["TEST_RAY_ADDRESS"], env_vars={"PID_DIR": os.environ["PID_DIR"]})
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")  # the workers reach the test's GCS emulator
+    env_vars = {"PID_DIR": os.environ["PID_DIR"], **(emulator_env(emulator) if emulator else {})}
+    ray = RayResource(address=os.environ["TEST_RAY_ADDRESS"], env_vars=env_vars)
     defs = build_definitions(steps, resources={"ray": ray})
     """
 )
@@ -146,3 +151,17 @@ def test_interrupting_the_run_cancels_the_ray_task_and_never_marks_success(proje
     status = read_status(os.path.join(prefix, "cluster", name))
     assert status.status is Status.FAILED  # never SUCCESS; the lease is released
     assert not (path / "sleepy.done").exists()
+
+
+def test_a_step_on_the_cluster_writes_to_gs_with_the_lease_on_gs(project, gs_prefix):
+    path, env = project
+    env = dict(env, MARIN_PREFIX=gs_prefix)
+    run_cli(BIN / "dagster", "asset", "materialize", "-f", path / "defs.py", "--select", "cluster/write-here", env=env)
+    from marin_assets.core.record import read_record
+
+    [out] = [f"gs://{p}" for p in fsspec.filesystem("gs").ls(f"{gs_prefix}/cluster", refresh=True)]
+    assert read_status(out).status is Status.SUCCESS  # status and record on GCS, by the Dagster process
+    record = read_record(out)
+    assert record.result["head"] == "yes"  # the function ran on the head's worker
+    written = fsspec.filesystem("gs").cat_file(f"{out}/written-by.txt").decode()
+    assert written == f"yes:{record.result['pid']}"  # and wrote its output to GCS from there

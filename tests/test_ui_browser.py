@@ -28,6 +28,11 @@ DEFINITIONS = ROOT / "tests" / "ui_definitions.py"
 GROUPS = ["hello", "raw", "tokenizers", "tokenized", "checkpoints", "exports", "evals"]
 
 
+def materialize(env: dict, select: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(DEFINITIONS), "--select", select],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -55,8 +60,7 @@ class UI:
         return self.graphql(NODE, assetKey={"path": key.split("/")})["assetNodeOrError"]
 
     def materialize_cli(self, select: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(DEFINITIONS), "--select", select],
-                              cwd=ROOT, env=self.env, capture_output=True, text=True)
+        return materialize(self.env, select)
 
     def shot(self, name: str) -> Path:
         SHOTS.mkdir(parents=True, exist_ok=True)
@@ -116,8 +120,7 @@ def ui_server(tmp_path_factory):
     settings = tmp / "settings.json"
     settings.write_text(json.dumps({"title": "Hello"}))
     env = subprocess_env(DAGSTER_HOME=str(home), MARIN_PREFIX=str(tmp / "outputs"), MARIN_UI_SETTINGS=str(settings))
-    first = subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(DEFINITIONS), "--select", ui.SELECTION],
-                           cwd=ROOT, env=env, capture_output=True, text=True)
+    first = materialize(env, ui.SELECTION)
     assert first.returncode == 0, first.stderr[-3000:]
 
     port = free_port()
