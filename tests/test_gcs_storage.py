@@ -115,3 +115,21 @@ def test_generation_preconditions_refuse_a_stale_writer_and_a_robbed_holder_cann
     assert now.status is Status.RUNNING and now.run_id == "thief"  # the robbed holder wrote nothing
     thief.finish(Status.SUCCESS)
     assert read_status(f"{gs_prefix}/gcs/victim_abc").status is Status.SUCCESS
+
+
+def test_training_writes_checkpoints_to_gs_and_the_checkpoint_sensor_lists_them_there(gs_prefix):
+    from tests.automation_pipeline import CHECKPOINTS, pipeline
+
+    for step in walk([pipeline["train"]]):
+        outcome = materialize_step(step, prefix=gs_prefix, settings=FAST)
+    result = outcome.record.result
+    assert result["checkpoint_steps"] == CHECKPOINTS and result["checkpoint_dir"].startswith(gs_prefix)
+    assert result["final_train_loss"] < result["loss_curve"][0][1]
+    fs = fsspec.filesystem("gs")
+    assert fs.exists(f"{result['hf_dir']}/config.json")  # the Hugging Face export, on GCS
+    assert fs.exists(f"{outcome.output_path}/metrics.jsonl")
+
+    from marin_assets.pipeline.train import list_checkpoints, run_dir_of
+
+    assert list_checkpoints(run_dir_of(outcome.output_path)) == {s: False for s in CHECKPOINTS}
+    assert list_checkpoints(run_dir_of(outcome.output_path), known=set(CHECKPOINTS)) == {}

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import tempfile
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -124,33 +125,53 @@ def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weig
     )
     from marin_assets.pipeline.tokenizer import load_hf_tokenizer
 
-    output_path = os.path.abspath(output_path)  # Levanter cannot delete temporary checkpoints under relative paths
-    run_id = os.path.basename(output_path.rstrip("/"))
-    checkpoint_dir = os.path.join(output_path, "checkpoints")
+    remote = "://" in output_path
+    if not remote:
+        output_path = os.path.abspath(output_path)  # Levanter cannot delete temporary checkpoints under relative paths
+    run_id = output_path.rstrip("/").rsplit("/", 1)[-1]
     run_dir = run_dir_of(output_path)
     vocab = len(load_hf_tokenizer(tokenizer_path))
-    reference = write_reference_config(model, vocab, os.path.join(output_path, "reference"))
     logger_name = f"marin.metrics.{run_id}"
-    config = levanter_train.TrainLmConfig(
-        data=data_config(tokenizer_path, caches, weights),
-        model=model_config(model, reference, tokenizer_path),
-        trainer=trainer_config(trainer, run_id, output_path, logger_name, checkpoint_dir),
-        optimizer=optimizer_config(optimizer),
-        hf_save_path=os.path.join(output_path, "hf"),
-        hf_save_steps=10**9,  # only the forced export at the end
-    )
-    started = time.monotonic()
-    done = checkpoint_steps(run_dir)
-    if not done or done[-1] + 1 < trainer.num_train_steps:  # Levanter refuses to re-run a finished run
-        with restored_root_logging(), JsonlMetrics(logger_name, os.path.join(output_path, METRICS_FILE)):
-            levanter_train.main(config)
-    return summarize(output_path, run_id, trainer, time.monotonic() - started)
+    with tempfile.TemporaryDirectory(prefix="marin-train-") as scratch:
+        # Checkpoints and the Hugging Face export go straight to the output (local or gs://);
+        # Levanter's logs, the metrics file and the reference config are local files, copied
+        # to a remote output afterwards.
+        local = scratch if remote else output_path
+        metrics_file = os.path.join(local, METRICS_FILE)
+        if remote:
+            _copy_if_exists(join_path(output_path, METRICS_FILE), metrics_file)  # a resumed run appends
+        reference = write_reference_config(model, vocab, os.path.join(local, "reference"))
+        config = levanter_train.TrainLmConfig(
+            data=data_config(tokenizer_path, caches, weights),
+            model=model_config(model, reference, tokenizer_path),
+            trainer=trainer_config(trainer, run_id, local, logger_name, join_path(output_path, "checkpoints")),
+            optimizer=optimizer_config(optimizer),
+            hf_save_path=join_path(output_path, "hf"),
+            hf_save_steps=10**9,  # only the forced export at the end
+        )
+        started = time.monotonic()
+        done = checkpoint_steps(run_dir)
+        if not done or done[-1] + 1 < trainer.num_train_steps:  # Levanter refuses to re-run a finished run
+            with restored_root_logging(), JsonlMetrics(logger_name, metrics_file):
+                levanter_train.main(config)
+        if remote:
+            fs, path = fsspec.core.url_to_fs(output_path)
+            fs.put(metrics_file, f"{path}/{METRICS_FILE}")
+            fs.put(os.path.join(local, "reference"), f"{path}/reference", recursive=True)
+        return summarize(output_path, run_id, trainer, time.monotonic() - started, metrics_file)
 
 
-def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: float) -> TrainResult:
+def _copy_if_exists(url: str, local_path: str) -> None:
+    fs, path = fsspec.core.url_to_fs(url)
+    if fs.exists(path):
+        fs.get(path, local_path)
+
+
+def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: float,
+              metrics_file: str | None = None) -> TrainResult:
     from marin_assets.pipeline.levanter_configs import SUMMARY_STEP, read_metrics
 
-    metrics = read_metrics(os.path.join(output_path, METRICS_FILE))
+    metrics = read_metrics(metrics_file or os.path.join(output_path, METRICS_FILE))
     params = metrics.pop(SUMMARY_STEP, {}).get("parameter_count")
     train = [[s, m["train/loss"]] for s, m in sorted(metrics.items()) if "train/loss" in m]
     evals = [[s, m["eval/loss"]] for s, m in sorted(metrics.items()) if "eval/loss" in m]
@@ -158,8 +179,11 @@ def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: floa
     per_set = {k.split("/")[1]: v for k, v in last_eval.items()
                if k.startswith("eval/") and k.endswith("/loss") and k.count("/") == 2}
     throughput = [m["throughput/tokens_per_second"] for m in metrics.values() if "throughput/tokens_per_second" in m]
-    hf_root = os.path.join(output_path, "hf", run_id)
-    hf_steps = sorted(int(n.split("-")[1]) for n in os.listdir(hf_root)) if os.path.isdir(hf_root) else []
+    hf_root = join_path(output_path, "hf", run_id)
+    fs, hf_path = fsspec.core.url_to_fs(hf_root)
+    fs.invalidate_cache(hf_path)
+    hf_steps = sorted(int(p.rstrip("/").rsplit("-", 1)[1]) for p in fs.ls(hf_path, detail=False)
+                      if p.rstrip("/").rsplit("/", 1)[-1].startswith("step-")) if fs.isdir(hf_path) else []
     run_dir = run_dir_of(output_path)
     return TrainResult(
         run_id=run_id, steps=trainer.num_train_steps,
@@ -167,7 +191,7 @@ def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: floa
         eval_losses=per_set,
         tokens_per_second=round(sorted(throughput)[len(throughput) // 2], 1) if throughput else None,
         checkpoint_steps=checkpoint_steps(run_dir), checkpoint_dir=run_dir,
-        hf_dir=os.path.join(hf_root, f"step-{hf_steps[-1]}") if hf_steps else None,
+        hf_dir=join_path(hf_root, f"step-{hf_steps[-1]}") if hf_steps else None,
         parameter_count=params, train_seconds=round(seconds, 2), loss_curve=train, eval_curve=evals,
     )
 
