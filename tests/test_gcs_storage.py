@@ -117,11 +117,12 @@ def test_generation_preconditions_refuse_a_stale_writer_and_a_robbed_holder_cann
     assert read_status(f"{gs_prefix}/gcs/victim_abc").status is Status.SUCCESS
 
 
-def test_training_writes_checkpoints_to_gs_and_the_checkpoint_sensor_lists_them_there(gs_prefix):
+def test_the_llm_pipeline_runs_on_gs_and_the_checkpoint_sensor_lists_checkpoints_there(gs_prefix):
     from tests.automation_pipeline import CHECKPOINTS, pipeline
 
-    for step in walk([pipeline["train"]]):
-        outcome = materialize_step(step, prefix=gs_prefix, settings=FAST)
+    outcomes = {step.name: materialize_step(step, prefix=gs_prefix, settings=FAST)
+                for step in walk([pipeline["export"], pipeline["evaluate"]])}
+    outcome = outcomes[pipeline["train"].name]
     result = outcome.record.result
     assert result["checkpoint_steps"] == CHECKPOINTS and result["checkpoint_dir"].startswith(gs_prefix)
     assert result["final_train_loss"] < result["loss_curve"][0][1]
@@ -133,3 +134,9 @@ def test_training_writes_checkpoints_to_gs_and_the_checkpoint_sensor_lists_them_
 
     assert list_checkpoints(run_dir_of(outcome.output_path)) == {s: False for s in CHECKPOINTS}
     assert list_checkpoints(run_dir_of(outcome.output_path), known=set(CHECKPOINTS)) == {}
+
+    exported = outcomes[pipeline["export"].name].record.result
+    assert exported["path"].startswith(gs_prefix) and fs.exists(f"{exported['path']}/config.json")
+    evaluated = outcomes[pipeline["evaluate"].name]
+    assert evaluated.record.result["per_dataset"]["stories"]["loss"] > 0
+    assert fs.exists(f"{evaluated.output_path}/results.json")

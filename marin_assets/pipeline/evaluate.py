@@ -13,7 +13,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import fsspec
+
 from marin_assets.core.checks import Check, CheckOutcome
+from marin_assets.core.files import open_file
+from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step, made_by
 from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
@@ -40,7 +44,7 @@ class EvalResult:
 
 
 def _step_of(checkpoint: str) -> int | None:
-    name = os.path.basename(checkpoint.rstrip("/"))
+    name = checkpoint.rstrip("/").rsplit("/", 1)[-1]
     return int(name.split("-", 1)[1]) if name.startswith("step-") else None
 
 
@@ -56,7 +60,7 @@ def export_hf(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_pat
     )
     from marin_assets.pipeline.tokenizer import load_hf_tokenizer
 
-    if not os.path.exists(os.path.join(checkpoint, "metadata.json")):
+    if not _exists(join_path(checkpoint, "metadata.json")):
         raise FileNotFoundError(f"no complete checkpoint at {checkpoint}")
     with tempfile.TemporaryDirectory() as scratch:
         reference = write_reference_config(model, len(load_hf_tokenizer(tokenizer_path)), os.path.join(scratch, "ref"))
@@ -92,39 +96,46 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
     )
     from marin_assets.pipeline.tokenizer import load_hf_tokenizer
 
-    is_hf = os.path.exists(os.path.join(checkpoint, "config.json"))
-    if not is_hf and not os.path.exists(os.path.join(checkpoint, "metadata.json")):
+    is_hf = _exists(join_path(checkpoint, "config.json"))
+    if not is_hf and not _exists(join_path(checkpoint, "metadata.json")):
         raise FileNotFoundError(f"no complete checkpoint or Hugging Face model at {checkpoint}")
-    os.makedirs(output_path, exist_ok=True)
-    reference = write_reference_config(model, len(load_hf_tokenizer(tokenizer_path)),
-                                       os.path.join(output_path, "reference"))
-    run_id = f"eval-{os.path.basename(output_path.rstrip('/'))}"
+    run_id = f"eval-{output_path.rstrip('/').rsplit('/', 1)[-1]}"
     logger_name = f"marin.metrics.{run_id}"
-    metrics_file = os.path.join(output_path, "metrics.jsonl")
-    if os.path.exists(metrics_file):
-        os.unlink(metrics_file)  # a retry measures again from scratch
-    spec = TrainerSpec(num_train_steps=1, train_batch_size=batch_size, max_eval_batches=max_eval_batches)
-    config = eval_lm.EvalLmConfig(
-        checkpoint_path=None if is_hf else checkpoint, hf_checkpoint=checkpoint if is_hf else None,
-        trainer=trainer_config(spec, run_id, output_path, logger_name),
-        data=data_config(tokenizer_path, caches, {k: 0.0 for k in caches} | {next(iter(caches)): 1.0}),
-        model=model_config(model, reference, tokenizer_path),
-    )
-    started = time.monotonic()
-    with restored_root_logging(), JsonlMetrics(logger_name, metrics_file):
-        eval_lm.main(config)
-    logged: dict = {}
-    for values in read_metrics(metrics_file).values():
-        logged.update(values)
-    if "eval/loss" not in logged:
-        raise RuntimeError(f"evaluation of {checkpoint} logged no eval/loss")
-    per_dataset = {name: {"loss": logged[f"eval/{name}/loss"], "bpb": logged.get(f"eval/{name}/bpb")}
-                   for name in caches if f"eval/{name}/loss" in logged}
-    result = EvalResult(checkpoint, _step_of(checkpoint), logged["eval/loss"], logged.get("eval/bpb"), per_dataset,
-                        round(time.monotonic() - started, 2))
-    with open(os.path.join(output_path, "results.json"), "w") as f:
+    with tempfile.TemporaryDirectory(prefix="marin-eval-") as scratch:
+        # Levanter's logs, the metrics and the reference config are local; the results are
+        # written to the output (local or a URL) at the end. A retry measures from scratch.
+        reference = write_reference_config(model, len(load_hf_tokenizer(tokenizer_path)),
+                                           os.path.join(scratch, "reference"))
+        metrics_file = os.path.join(scratch, "metrics.jsonl")
+        spec = TrainerSpec(num_train_steps=1, train_batch_size=batch_size, max_eval_batches=max_eval_batches)
+        config = eval_lm.EvalLmConfig(
+            checkpoint_path=None if is_hf else checkpoint, hf_checkpoint=checkpoint if is_hf else None,
+            trainer=trainer_config(spec, run_id, scratch, logger_name),
+            data=data_config(tokenizer_path, caches, {k: 0.0 for k in caches} | {next(iter(caches)): 1.0}),
+            model=model_config(model, reference, tokenizer_path),
+        )
+        started = time.monotonic()
+        with restored_root_logging(), JsonlMetrics(logger_name, metrics_file):
+            eval_lm.main(config)
+        logged: dict = {}
+        for values in read_metrics(metrics_file).values():
+            logged.update(values)
+        if "eval/loss" not in logged:
+            raise RuntimeError(f"evaluation of {checkpoint} logged no eval/loss")
+        per_dataset = {name: {"loss": logged[f"eval/{name}/loss"], "bpb": logged.get(f"eval/{name}/bpb")}
+                       for name in caches if f"eval/{name}/loss" in logged}
+        result = EvalResult(checkpoint, _step_of(checkpoint), logged["eval/loss"], logged.get("eval/bpb"),
+                            per_dataset, round(time.monotonic() - started, 2))
+        with open_file(join_path(output_path, "metrics.jsonl"), "wb") as out, open(metrics_file, "rb") as src:
+            out.write(src.read())
+    with open_file(join_path(output_path, "results.json"), "w") as f:
         json.dump(result.__dict__, f, indent=2)
     return result
+
+
+def _exists(url: str) -> bool:
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs.exists(path)
 
 
 def every_set_evaluated(names: list[str]) -> Check:
