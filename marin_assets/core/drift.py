@@ -41,7 +41,8 @@ def previous_materializations(names: Iterable[str], instance: dg.DagsterInstance
     if instance is None:
         if not os.environ.get("DAGSTER_HOME"):
             return {}
-        instance = dg.DagsterInstance.get()
+        with dg.DagsterInstance.get() as own:  # disposed after the one query
+            return previous_materializations(names, own)
     keys = {dg.AssetKey(name.split("/")): name for name in names}
     out = {}
     for key, event in instance.get_latest_materialization_events(list(keys)).items():
