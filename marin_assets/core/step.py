@@ -107,6 +107,14 @@ class Step:
         validate_name(self.name)
         if not callable(self.fn):
             raise StepDefinitionError(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
+        override = self.override_output_path
+        if override is not None and not (override.startswith("/") or "://" in override):
+            try:
+                validate_name(override.rstrip("/"))
+            except StepDefinitionError as e:
+                raise StepDefinitionError(f"step {self.name!r}: override_output_path {override!r} must stay under the"
+                                          f" prefix ({str(e).split(': ', 1)[1]}); give an absolute path or URL to"
+                                          " adopt data elsewhere") from None
         if self.source_version is not None and not callable(self.source_version):
             raise StepDefinitionError(f"step {self.name!r}: source_version must be callable or None")
         deps = tuple(self.deps)

@@ -96,7 +96,7 @@ def adopt_tokenizer(output_path: str, name_or_path: str, revision: str | None = 
         with local_copy_of(name_or_path) if "://" in name_or_path else contextlib.nullcontext(name_or_path) as source:
             tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     except (OSError, ValueError, TypeError, KeyError) as e:
-        raise TokenizerError(f"tokenizer {name_or_path!r} does not load: {e}") from None
+        raise TokenizerError(f"tokenizer {name_or_path!r} does not load: {_brief(e)}") from None
     with local_dir_for(output_path) as local:
         tokenizer.save_pretrained(local)
     return TokenizerInfo(output_path, len(tokenizer), tokenizer.eos_token or "", name_or_path)
@@ -110,7 +110,13 @@ def load_hf_tokenizer(path: str):
         try:
             return AutoTokenizer.from_pretrained(local)
         except (OSError, ValueError, TypeError, KeyError) as e:
-            raise TokenizerError(f"tokenizer at {path} does not load: {e}") from None
+            raise TokenizerError(f"tokenizer at {path} does not load: {_brief(e)}") from None
+
+
+def _brief(error: Exception, limit: int = 200) -> str:
+    """The first line of an error, cut short: transformers lists every model type it knows."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def bpe_tokenizer_step(name: str, dataset: Step, vocab_size: int, files: Sequence[str] = ("train/*",),

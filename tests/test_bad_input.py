@@ -1,0 +1,280 @@
+"""Bad input, case by case: each gets a clear error naming the asset and the cause, leaves no
+SUCCESS and no record, and does not touch a neighbouring output. docs/bad-input.md lists the
+same cases with the same messages (the last test holds the two together)."""
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from marin_assets import Resources, Step, StepDefinitionError, materialize_step
+from marin_assets.core.record import RecordNotAvailableError, read_record
+from marin_assets.core.status import Status, read_status
+from marin_assets.core.step import walk
+from marin_assets.pipeline.download import hf_download_step, url_download_step
+from marin_assets.pipeline.hello import numbers_step
+from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
+from marin_assets.pipeline.tokenize import tokenize_step
+from marin_assets.pipeline.tokenizer import bpe_tokenizer_step, existing_tokenizer_step
+from marin_assets.pipeline.train import train_step
+from tests.conftest import FAST, ROOT, corpus_and_tokenizer
+from tests.hub_server import HubRepo, release_hub, serve_hub, use_hub
+
+DOCS = ROOT / "docs" / "bad-input.md"
+
+
+@dataclass(frozen=True)
+class Case:
+    title: str
+    """The row's first column in docs/bad-input.md."""
+    error: str
+    """A regular expression the error (with its notes) must match; the docs row quotes it."""
+
+
+CASES = {
+    "malformed_json": Case("a malformed JSON line", r"a\.jsonl, line 2: malformed JSON"),
+    "missing_text": Case("a document without the text field", r"a\.jsonl, line 1: no 'text' field"),
+    "empty_dataset": Case("an empty dataset", r"split 'train' of .* has no documents"),
+    "unknown_revision": Case("an unknown Hugging Face revision", r"revision 'no-such-branch' not found"),
+    "unreachable_url": Case("an unreachable URL", r"http://127\.0\.0\.1:9/data\.jsonl: unreachable"),
+    "missing_path": Case("a local path that does not exist", r"no-such-folder: not found"),
+    "broken_tokenizer": Case("a tokenizer folder that does not load",
+                             r"tokenizer '.*broken-tokenizer' does not load: Unrecognized model"),
+    "vocab_too_small": Case("a vocabulary too small for byte-level BPE", r"vocab_size 10 is too small"),
+    "negative_steps": Case("a negative number of training steps", r"num_train_steps must be positive, got -5"),
+    "zero_batch": Case("a zero batch size", r"train_batch_size must be positive, got 0"),
+    "seq_too_long": Case("a sequence longer than the model allows",
+                         r"seq_len 8192 is longer than the model allows \(max_seq_len 2048\)"),
+    "negative_weight": Case("a negative mixture weight", r"mixture weights must be non-negative"),
+    "zero_weights": Case("mixture weights all zero", r"mixture weights are all zero"),
+    "mixed_tokenizers": Case("a mixture mixing tokenizers", r"the mixture mixes tokenizers"),
+    "unhashable_attr": Case("a hash_attr with no stable encoding", r"step 'raw/x': hash_attrs\['fn'\] is a callable"),
+    "dotdot_name": Case("a step name with '..'", r"invalid step name 'raw/\.\./x': it contains '\.\.'"),
+    "absolute_name": Case("an absolute step name", r"invalid step name '/raw/x': it starts with '/'"),
+    "duplicate_name": Case("two different steps with one name", r"two different steps are named 'raw/twin'"),
+    "escaping_override": Case("an override escaping the prefix",
+                              r"override_output_path '\.\./elsewhere' must stay under the prefix"),
+    "infeasible_resources": Case("a resource request the cluster cannot satisfy",
+                                 r"needs \{CPU=64\} on one node, which this cluster can never provide"),
+    "disk_full": Case("a full disk during a write", r"No space left on device"),
+}
+
+
+def text_of(error: BaseException) -> str:
+    return "".join(traceback.format_exception(error))
+
+
+def snapshot(path: str) -> dict[str, str]:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(path).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def neighbour(prefix):
+    """A finished output beside the failing one: it must come through unchanged."""
+    step = numbers_step("hello/neighbour", n=50, seed=4)
+    out = materialize_step(step, prefix=prefix, settings=FAST).output_path
+    before = snapshot(out)
+    yield
+    assert snapshot(out) == before and read_status(out).status is Status.SUCCESS
+
+
+def fails_at_materialize(case: str, steps: list[Step], prefix: str, failing: Step | None = None,
+                         status_after: tuple[Status, ...] = (Status.FAILED,), **kwargs) -> str:
+    """Materialize `steps` in order; the last (or `failing`) must fail with the case's error,
+    naming the asset, with FAILED and no record."""
+    failing = failing or steps[-1]
+    with pytest.raises(Exception) as caught:
+        for step in steps:
+            materialize_step(step, prefix=prefix, settings=FAST, **kwargs)
+    text = text_of(caught.value)
+    assert re.search(CASES[case].error, text), text[-2000:]
+    assert f"step {failing.name!r}" in text  # the note names the asset
+    out = failing.output_path_under(prefix)
+    assert read_status(out).status in status_after
+    with pytest.raises(RecordNotAvailableError):
+        read_record(out)
+    return text
+
+
+def fails_at_definition(case: str, define: Callable[[], object], error=(StepDefinitionError, ValueError)) -> str:
+    with pytest.raises(error) as caught:
+        define()
+    text = text_of(caught.value)
+    assert re.search(CASES[case].error, text), text[-2000:]
+    return text
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tok")
+    return corpus_and_tokenizer(root, train_documents=300, validation_documents=20, seed=3, shards=1)[1]
+
+
+def folder(tmp_path: Path, files: dict[str, str]) -> str:
+    root = tmp_path / "data"
+    root.mkdir(exist_ok=True)
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return str(root)
+
+
+def tokenize_folder(tmp_path, tokenizer_dir, files, name):
+    data = url_download_step(f"raw/{name}", [folder(tmp_path, files)])
+    tok = existing_tokenizer_step("tokenizers/good", tokenizer_dir)
+    return [data, tok, tokenize_step(f"tokenized/{name}", data, tok, splits={"train": ["*.jsonl"]})]
+
+
+def test_malformed_json_line(tmp_path, prefix, neighbour, tokenizer_dir):
+    steps = tokenize_folder(tmp_path, tokenizer_dir, {"a.jsonl": '{"text": "ok"}\n{not json\n'}, "bad-json")
+    fails_at_materialize("malformed_json", steps, prefix)
+
+
+def test_missing_text_field(tmp_path, prefix, neighbour, tokenizer_dir):
+    steps = tokenize_folder(tmp_path, tokenizer_dir, {"a.jsonl": '{"body": "x"}\n'}, "no-text")
+    fails_at_materialize("missing_text", steps, prefix)
+
+
+def test_empty_dataset(tmp_path, prefix, neighbour, tokenizer_dir):
+    steps = tokenize_folder(tmp_path, tokenizer_dir, {"a.jsonl": ""}, "empty")
+    fails_at_materialize("empty_dataset", steps, prefix)
+
+
+def test_unknown_hugging_face_revision(prefix, neighbour, monkeypatch):
+    with serve_hub(HubRepo("user/data", {"a.txt": "x"})) as server:
+        use_hub(monkeypatch, server.url)
+        try:
+            fails_at_materialize("unknown_revision", [hf_download_step("raw/hf", "user/data", "no-such-branch")],
+                                 prefix)
+        finally:
+            release_hub()
+
+
+def test_unreachable_url(prefix, neighbour):
+    fails_at_materialize("unreachable_url", [url_download_step("raw/web", ["http://127.0.0.1:9/data.jsonl"])],
+                         prefix)
+
+
+def test_nonexistent_local_path(tmp_path, prefix, neighbour):
+    fails_at_materialize("missing_path", [url_download_step("raw/local", [str(tmp_path / "no-such-folder")])],
+                         prefix)
+
+
+def test_tokenizer_folder_that_does_not_load(tmp_path, prefix, neighbour):
+    broken = tmp_path / "broken-tokenizer"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text('{"this is": "not a tokenizer"}')
+    fails_at_materialize("broken_tokenizer", [existing_tokenizer_step("tokenizers/broken", str(broken))], prefix)
+
+
+def test_vocabulary_too_small(tmp_path, prefix, neighbour):
+    data = url_download_step("raw/small", [folder(tmp_path, {"a.jsonl": '{"text": "hello"}\n'})])
+    fails_at_materialize("vocab_too_small", [data, bpe_tokenizer_step("tokenizers/tiny", data, vocab_size=10,
+                                                                      files=["*.jsonl"])], prefix)
+
+
+@pytest.mark.parametrize("case, spec", [
+    ("negative_steps", lambda: TrainerSpec(num_train_steps=-5)),
+    ("zero_batch", lambda: TrainerSpec(train_batch_size=0)),
+    ("seq_too_long", lambda: ModelSpec(seq_len=8192)),
+])
+def test_invalid_hyperparameters_fail_where_they_are_written(case, spec):
+    fails_at_definition(case, spec)
+
+
+def tokenized(name: str, tokenizer_name: str = "tokenizers/t") -> Step:
+    corpus = numbers_step(f"raw/{name}", n=1)
+    tok = existing_tokenizer_step(tokenizer_name, "gpt2")
+    return tokenize_step(f"tokenized/{name}", corpus, tok)
+
+
+@pytest.mark.parametrize("case, weights", [("negative_weight", {"a": 1.0, "b": -0.5}),
+                                           ("zero_weights", {"a": 0.0, "b": 0.0})])
+def test_bad_mixture_weights(case, weights):
+    text = fails_at_definition(case, lambda: train_step("checkpoints/mix", {"a": tokenized("a"), "b": tokenized("b")},
+                                                        weights=weights))
+    assert "'checkpoints/mix'" in text
+
+
+def test_a_mixture_mixing_tokenizers():
+    text = fails_at_definition("mixed_tokenizers", lambda: train_step(
+        "checkpoints/mixed", {"a": tokenized("a", "tokenizers/one"), "b": tokenized("b", "tokenizers/two")}))
+    assert "'checkpoints/mixed'" in text
+
+
+def test_unencodable_hash_attrs_bad_names_duplicates_and_escaping_overrides():
+    fails_at_definition("unhashable_attr", lambda: Step(name="raw/x", fn=print, hash_attrs={"fn": lambda: 1}))
+    fails_at_definition("dotdot_name", lambda: Step(name="raw/../x", fn=print))
+    fails_at_definition("absolute_name", lambda: Step(name="/raw/x", fn=print))
+    twin_a, twin_b = Step(name="raw/twin", fn=print, hash_attrs={"v": 1}), Step(name="raw/twin", fn=print)
+    fails_at_definition("duplicate_name", lambda: walk([twin_a, twin_b]))
+    fails_at_definition("escaping_override", lambda: Step(name="raw/x", fn=print, override_output_path="../elsewhere"))
+
+
+def test_a_resource_request_the_cluster_cannot_satisfy(prefix, neighbour, local_ray):
+    from marin_assets.core.ray_execution import ray_runner
+    from resources import RayResource
+
+    step = Step(name="train/huge", fn=print, resources=Resources(cpu=64))
+    fails_at_materialize("infeasible_resources", [step], prefix,
+                         run_fn=ray_runner(RayResource(), __import__("logging").getLogger("test")))
+
+
+def write_megabytes(n: int, output_path: str) -> str:
+    os.makedirs(output_path, exist_ok=True)
+    with open(os.path.join(output_path, "big.bin"), "wb") as f:
+        f.write(os.urandom(n * 2**20))
+    return "written"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (root mounts it; the suite runs as root here and in CI)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield str(mount)
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_during_a_write(small_disk):
+    import functools
+
+    prefix = small_disk
+    neighbour_step = numbers_step("hello/neighbour", n=20, seed=4)
+    neighbour_out = materialize_step(neighbour_step, prefix=prefix, settings=FAST).output_path
+    before = snapshot(neighbour_out)
+    big = Step(name="raw/big", fn=functools.partial(write_megabytes, 4), hash_attrs={"mb": 4})
+    fails_at_materialize("disk_full", [big], prefix, status_after=(Status.FAILED, Status.RUNNING))
+    assert snapshot(neighbour_out) == before and read_status(neighbour_out).status is Status.SUCCESS
+    # A full disk may not even take the FAILED mark: the lease then goes stale and the next
+    # materialization, with room to write, takes it over.
+    time.sleep(FAST.stale_timeout)
+    os.remove(os.path.join(big.output_path_under(prefix), "big.bin"))  # the operator frees space
+    fits = Step(name="raw/big", fn=functools.partial(write_megabytes, 1), hash_attrs={"mb": 4})
+    outcome = materialize_step(fits, prefix=prefix, settings=FAST)
+    assert not outcome.cached and outcome.took_over and read_status(outcome.output_path).status is Status.SUCCESS
+
+
+def test_the_docs_table_lists_every_case_with_its_error():
+    rows = {}
+    for line in DOCS.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0] not in ("input", "---"):
+            rows[cells[0]] = cells
+    assert sorted(rows) == sorted(c.title for c in CASES.values())
+    for case in CASES.values():
+        message = rows[case.title][-1].strip("`").replace("\\|", "|")
+        assert re.search(case.error, message), (case.title, message)
+    assert len(CASES) >= 15
+    assert json.dumps(sorted(rows))  # the table parsed into plain text rows
