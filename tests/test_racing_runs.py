@@ -33,6 +33,9 @@ def launch(tmp_path, env, select):
 
 def setup(tmp_path, dagster_home, prefix):
     (tmp_path / "defs.py").write_text(DEFS)
+    # The instance exists before the race, as it does in real use: processes creating a fresh
+    # SQLite instance at the same moment can both stamp its schema version (a Dagster race).
+    dg.DagsterInstance.get().get_runs()
     events = tmp_path / "events"
     return events, subprocess_env(RACE_EVENTS=str(events), DAGSTER_HOME=str(dagster_home), MARIN_PREFIX=prefix)
 
