@@ -4,6 +4,7 @@ import contextlib
 import functools
 import http.server
 import threading
+import time
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -11,10 +12,22 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+class ThrottledHandler(QuietHandler):
+    """Sends bodies in 64 KiB chunks with a pause between them: a slow link, so a download
+    can be interrupted half-way."""
+
+    pause = 0.002
+
+    def copyfile(self, source, outputfile):
+        while chunk := source.read(64 * 1024):
+            outputfile.write(chunk)
+            time.sleep(self.pause)
+
+
 @contextlib.contextmanager
-def serve_directory(directory):
+def serve_directory(directory, throttled: bool = False):
     """http://127.0.0.1:PORT serving `directory` (with index pages, so globs work)."""
-    handler = functools.partial(QuietHandler, directory=str(directory))
+    handler = functools.partial(ThrottledHandler if throttled else QuietHandler, directory=str(directory))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
