@@ -1,8 +1,9 @@
 """kill -9 at random moments of a download, a tokenize and a training run, then recover.
 
 Shared by the test (a fixed seed, a few trials) and the soak (`bench/crash_soak.py`, many).
-One trial: a separate process materializes the step; once its function has started, the
-whole process group gets SIGKILL after a random delay. Then: no SUCCESS unless the output is
+One trial: a separate process materializes the step (in process, or on an embedded Ray);
+once its function has started, the whole process group — and the Ray worker — gets SIGKILL
+after a random delay. Then: no SUCCESS unless the output is
 complete, no record for an unfinished step; the next materialization takes the stale lease
 over after the timeout, resumes, succeeds, and its output equals the reference.
 """
@@ -16,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -58,11 +60,12 @@ def steps(root: Path, source_url: str) -> dict[str, Step]:
 
 
 def with_marker(step: Step, marker: str) -> Step:
-    """The same step (same identity) whose function first touches `marker`."""
+    """The same step (same identity) whose function first writes its process id to `marker`
+    (on Ray: the worker's)."""
     fn = step.fn
 
     def marked(output_path: str):
-        Path(marker).touch()
+        Path(marker).write_text(str(os.getpid()))
         return fn(output_path)
 
     return replace(step, fn=marked)
@@ -106,7 +109,8 @@ def check(kind: str, result, root: Path) -> str | None:
     return None if ok else f"training result {result['checkpoint_steps']}, {result['final_train_loss']}"
 
 
-def trial(kind: str, root: Path, prefix: str, url: str, rng: random.Random, report: Report) -> None:
+def trial(kind: str, root: Path, prefix: str, url: str, rng: random.Random, report: Report,
+          on_ray: bool = False) -> None:
     step = steps(root, url)[kind]
     for dep in walk(step.deps):
         materialize_step(dep, prefix=prefix, settings=SETTINGS)
@@ -114,17 +118,23 @@ def trial(kind: str, root: Path, prefix: str, url: str, rng: random.Random, repo
     shutil.rmtree(out, ignore_errors=True)  # every trial starts from nothing
     marker = root / f"{kind}.started"
     marker.unlink(missing_ok=True)
+    ray_tmp = tempfile.mkdtemp(prefix="mcr-", dir="/tmp")  # short (Ray's socket paths), and marks its processes
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "crash_worker.py"), str(root), url, kind, prefix,
-                             str(marker)], env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+                             str(marker), "ray" if on_ray else "local"],
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": ray_tmp}, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+    while not (marker.exists() and marker.read_text()) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     time.sleep(rng.uniform(0, WINDOWS[kind]))
     running = proc.poll() is None
     if running:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if on_ray:
+            os.kill(int(marker.read_text()), signal.SIGKILL)  # the Ray worker running the function
+        os.killpg(proc.pid, signal.SIGKILL)  # the Dagster-side process and everything it started
     proc.wait()
+    _kill_processes_mentioning(ray_tmp)  # Ray daemons that left the process group
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     report.trials += 1
     report.killed_running += running
 
@@ -153,7 +163,20 @@ def trial(kind: str, root: Path, prefix: str, url: str, rng: random.Random, repo
         report.failures.append(f"{kind}: recovered output wrong: {problem}")
 
 
+def _kill_processes_mentioning(marker: str) -> None:
+    import psutil
+
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if any(marker in arg for arg in process.info["cmdline"] or []):
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+
+
 def run_trials(kinds: dict[str, int], root: Path, prefix: str, seed: int = 0) -> Report:
+    """`kinds`: trial counts by kind; a kind ending in `@ray` runs the function on an embedded
+    Ray and kills the Ray worker too."""
     from tests.servers import serve_directory
 
     rng = random.Random(seed)
@@ -161,5 +184,5 @@ def run_trials(kinds: dict[str, int], root: Path, prefix: str, seed: int = 0) ->
     with serve_directory(source_folder(root), throttled=True) as url:
         for kind, count in kinds.items():
             for _ in range(count):
-                trial(kind, root, prefix, url, rng, report)
+                trial(kind.removesuffix("@ray"), root, prefix, url, rng, report, on_ray=kind.endswith("@ray"))
     return report
