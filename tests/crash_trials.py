@@ -10,6 +10,7 @@ over after the timeout, resumes, succeeds, and its output equals the reference.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -129,9 +130,12 @@ def trial(kind: str, root: Path, prefix: str, url: str, rng: random.Random, repo
     time.sleep(rng.uniform(0, WINDOWS[kind]))
     running = proc.poll() is None
     if running:
-        if on_ray:
-            os.kill(int(marker.read_text()), signal.SIGKILL)  # the Ray worker running the function
-        os.killpg(proc.pid, signal.SIGKILL)  # the Dagster-side process and everything it started
+        # The Ray worker running the function, then the Dagster-side process and everything it
+        # started; either may have just exited on its own.
+        targets = ([(os.kill, int(marker.read_text()))] if on_ray else []) + [(os.killpg, proc.pid)]
+        for kill, pid in targets:
+            with contextlib.suppress(ProcessLookupError):
+                kill(pid, signal.SIGKILL)
     proc.wait()
     _kill_processes_mentioning(ray_tmp)  # Ray daemons that left the process group
     shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -19,9 +19,12 @@ class ThrottledHandler(QuietHandler):
     pause = 0.002
 
     def copyfile(self, source, outputfile):
-        while chunk := source.read(64 * 1024):
-            outputfile.write(chunk)
-            time.sleep(self.pause)
+        try:
+            while chunk := source.read(64 * 1024):
+                outputfile.write(chunk)
+                time.sleep(self.pause)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client was killed mid-download: that is the point
 
 
 @contextlib.contextmanager
