@@ -31,6 +31,7 @@ def benchmarks(quick: bool) -> list:
     plan = [
         lambda: adapter_overhead.measure_load(reps=reps or 7),
         lambda: adapter_overhead.measure_cached_materialize(reps=reps or 5),
+        lambda: adapter_overhead.measure_sweep_load(reps=1 if quick else 3),
         lambda: ray_overhead.measure(reps=reps or 7),
         lambda: pipeline_throughput.measure_tokenize(reps=reps or 5, documents=10_000 if quick else 40_000),
         lambda: pipeline_throughput.measure_train(reps=1 if quick else 2, steps=20 if quick else 100),
