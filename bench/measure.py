@@ -20,7 +20,10 @@ def time_ratio(name: str, ours: list[float], reference: list[float], at_most: fl
     return _summary(name, ours, reference, "s", goal, at_most is None or ratio <= at_most)
 
 
-def rate_ratio(name: str, ours: list[float], reference: list[float], at_least: float, unit: str) -> dict:
-    """Our throughput ÷ the reference's (higher is better)."""
+def rate_ratio(name: str, ours: list[float], reference: list[float], at_least: float, unit: str,
+               strictly: bool = False) -> dict:
+    """Our throughput ÷ the reference's (higher is better); `strictly`: the goal is `> at_least`."""
     ratio = statistics.median(ours) / statistics.median(reference)
+    if strictly:
+        return _summary(name, ours, reference, unit, f"> {at_least}", ratio > at_least)
     return _summary(name, ours, reference, unit, f">= {at_least}", ratio >= at_least)

@@ -1,7 +1,7 @@
 """Run every benchmark, print the ratios and write docs/benchmarks.md.
 
-    make bench                                   # everything (~10 min on 2 cores)
-    .venv/bin/python bench/run.py --quick        # a smoke run: fewer repetitions, no demo
+    make bench                                   # everything (~12 min on 2 cores)
+    .venv/bin/python bench/run.py --quick        # a smoke run: fewer repetitions, smaller sizes
     .venv/bin/python bench/run.py --json         # machine-readable
 
 Every measure is a ratio against its reference, measured side by side (A B A B) in this run.
@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import adapter_overhead  # noqa: E402
+import demo_measures  # noqa: E402
 import pipeline_throughput  # noqa: E402
 import ray_overhead  # noqa: E402
 
@@ -28,17 +29,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def benchmarks(quick: bool) -> list:
     reps = 2 if quick else None
-    plan = [
+    return [
         lambda: adapter_overhead.measure_load(reps=reps or 7),
-        lambda: adapter_overhead.measure_cached_materialize(reps=reps or 5),
-        lambda: adapter_overhead.measure_sweep_load(reps=1 if quick else 3),
+        lambda: adapter_overhead.measure_sweep_load(n_steps=2_000 if quick else 10_000, reps=1 if quick else 3),
+        lambda: demo_measures.measure(quick, reps=reps or 9),
         lambda: ray_overhead.measure(reps=reps or 7),
         lambda: pipeline_throughput.measure_tokenize(reps=reps or 5, documents=10_000 if quick else 40_000),
         lambda: pipeline_throughput.measure_train(reps=1 if quick else 2, steps=20 if quick else 100),
     ]
-    if not quick:
-        plan.append(pipeline_throughput.measure_demo)
-    return plan
 
 
 def machine() -> str:
@@ -52,6 +50,7 @@ def machine() -> str:
 def row(r: dict) -> str:
     met = "—" if r["goal"] == "report" else ("yes" if r["met"] else "**no**")
     extra = f" (fixed cost {r['fixed_cost_s'] * 1000:.0f} ms)" if "fixed_cost_s" in r else ""
+    extra += f"; {r['note']}" if "note" in r else ""
     return (f"| {r['measure']}{extra} | {r['ratio']:.3f} | {r['spread'][0]:.2f}–{r['spread'][1]:.2f} | "
             f"{r['ours']:g} | {r['reference']:g} | {r['unit']} | {r['reps']} | {r['goal']} | {met} |")
 

