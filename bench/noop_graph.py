@@ -25,19 +25,28 @@ def shape_of(definitions: dg.Definitions, selection: str) -> list[dict]:
     graph = definitions.resolve_asset_graph()
     keys = selection_of(selection).resolve(graph)
     return [{"key": list(key.path), "deps": [list(p.path) for p in graph.get(key).parent_keys if p in keys],
-             "group": graph.get(key).group_name} for key in sorted(keys)]
+             "group": graph.get(key).group_name, "checks": sorted(c.name for c in graph.get(key).check_keys)}
+            for key in sorted(keys)]
 
 
-def noop_definitions(shape: list[dict]) -> dg.Definitions:
-    """One `@asset` per entry, doing nothing, with the same key, deps and group."""
+def noop_definitions(shape: list[dict], checks: bool = True) -> dg.Definitions:
+    """One `@asset` per entry, doing nothing, with the same key, deps, group and (with `checks`)
+    asset checks of the same names that pass without looking at anything."""
     assets = []
     for entry in shape:
-        def body() -> None:
-            return None
+        key = dg.AssetKey(entry["key"])
+        names = entry["checks"] if checks else []
 
-        assets.append(dg.asset(key=dg.AssetKey(entry["key"]), deps=[dg.AssetKey(d) for d in entry["deps"]],
-                               group_name=entry["group"])(body))
+        assets.append(dg.asset(key=key, deps=[dg.AssetKey(d) for d in entry["deps"]], group_name=entry["group"],
+                               check_specs=[dg.AssetCheckSpec(n, asset=key) for n in names])(_passing(names)))
     return dg.Definitions(assets=assets)
+
+
+def _passing(names: list[str]):
+    def body() -> dg.MaterializeResult:
+        return dg.MaterializeResult(check_results=[dg.AssetCheckResult(check_name=n, passed=True) for n in names])
+
+    return body
 
 
 if os.environ.get("MARIN_BENCH_SHAPE"):
