@@ -8,7 +8,9 @@ so Dagster's "unsynced" follows identity and upstream content exactly.
 """
 
 
+import contextlib
 import functools
+import gc
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -46,6 +48,11 @@ class StepConfig(dg.Config):
 # Built once and shared by every step asset: inferring a schema per asset is most of the
 # load time of a large graph (bench/adapter_overhead.py).
 STEP_CONFIG_SCHEMA = StepConfig.to_config_schema()
+
+
+LARGE_GRAPH = 1000
+"""From this many assets, `build_definitions` also builds the repository (asset graph, asset
+job, job snapshot) right away with the garbage collector paused, and freezes what it built."""
 
 
 def asset_key(step: Step) -> dg.AssetKey:
@@ -244,8 +251,37 @@ def build_definitions(
     prefix = getattr(storage, "prefix", None) or default_prefix()
     extra_kinds = ["gcs"] if prefix.startswith("gs://") else []
     drift = drifts_from_instance(walk(steps)) if describe_drift else None
-    return dg.Definitions(assets=[*build_assets(steps, automation, extra_kinds=extra_kinds, drift=drift),
-                                  *extra_assets], resources=all_resources, **definitions_kwargs)
+    with collector_paused():
+        assets = [*build_assets(steps, automation, extra_kinds=extra_kinds, drift=drift), *extra_assets]
+        definitions = dg.Definitions(assets=assets, resources=all_resources, **definitions_kwargs)
+        if len(assets) >= LARGE_GRAPH:
+            prebuild(definitions)
+            gc.freeze()
+    return definitions
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Pause the cyclic garbage collector while definitions are built.
+
+    A 10,000-step sweep is millions of long-lived objects and almost no garbage; each full
+    collection walks all of them again, which was a third of its load time
+    (bench/adapter_overhead.py)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def prebuild(definitions: dg.Definitions) -> None:
+    """Build (and cache on `definitions`) the repository, its jobs and their snapshots — what a
+    code server computes next anyway — while the collector is paused. Once frozen, later full
+    collections skip these objects (they live as long as the definitions)."""
+    for job in definitions.get_repository_def().get_all_jobs():
+        job.get_job_index()
 
 
 def step_of(assets_def: dg.AssetsDefinition) -> Step | None:
