@@ -1,6 +1,6 @@
 """Run every benchmark, print the ratios and write docs/benchmarks.md.
 
-    make bench                                   # everything (~12 min on 2 cores)
+    make bench                                   # everything (~10 min on 2 cores)
     .venv/bin/python bench/run.py --quick        # a smoke run: fewer repetitions, smaller sizes
     .venv/bin/python bench/run.py --json         # machine-readable
 
@@ -62,8 +62,9 @@ def write_page(results: list[dict], quick: bool) -> Path:
         "# Benchmarks",
         "",
         f"Measured by `make bench` on {_dt.date.today().isoformat()}{' (quick mode)' if quick else ''}: {machine()}.",
-        "Each ratio compares ours with its reference measured side by side in the same run (A B A B);",
-        "the spread is the range of the per-pair ratios.",
+        "Each ratio compares ours with its reference measured side by side in the same run (A B A B,",
+        "or a rotating order for three or four contenders): the ratio of the medians; the spread is the",
+        "range of the per-repetition ratios. Goals marked **no** are explained, with profiles, below.",
         "",
         "| measure | ratio | spread | ours | reference | unit | reps | goal | met |",
         "|---|---|---|---|---|---|---|---|---|",
