@@ -35,6 +35,24 @@ def test_asset_shape_follows_the_step():
     assert steps_of(defs) == {dg.AssetKey(["hello", "numbers"]): numbers, key: stats}
 
 
+def test_a_large_graph_is_prebuilt_with_the_collector_back_on(prefix, local_ray):
+    """1000+ assets: the repository is built eagerly with the collector paused, then frozen;
+    the collector is on again afterwards and the prebuilt job still runs its ops in order."""
+    import gc
+
+    numbers, stats = hello()
+    leaves = [Step(name=f"bulk/s{i:04d}", fn=functools.partial(record_call, "bulk"), deps=[stats]) for i in range(998)]
+    defs = build_definitions(leaves)
+    assert gc.isenabled()
+    assert len(defs.resolve_asset_graph().get_all_asset_keys()) == 1000
+    job = defs.resolve_implicit_global_asset_job_def()
+    plan = job.get_subset(asset_selection={dg.AssetKey(["hello", "numbers"]), dg.AssetKey(["hello", "stats"])})
+    result = plan.execute_in_process()
+    assert result.success
+    materialized = [e.asset_key for e in result.get_asset_materialization_events()]
+    assert materialized == [dg.AssetKey(["hello", "numbers"]), dg.AssetKey(["hello", "stats"])]
+
+
 def test_two_steps_with_one_name_fail_at_load_and_one_step_twice_is_one_asset():
     numbers, stats = hello(n=20)
     _, other_stats = hello(n=21)
