@@ -9,7 +9,7 @@ import os
 import dagster as dg
 
 from marin_assets import build_definitions
-from marin_assets.automation import (
+from marin_assets.dagster import (
     automate,
     automation_sensor,
     checkpoint_evals_asset,

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.crash_trials import run_trials  # noqa: E402
+from tests.support.crash_trials import run_trials  # noqa: E402
 
 
 def main() -> int:

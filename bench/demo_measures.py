@@ -93,7 +93,7 @@ def _jobs(defs_file: Path, shape_file: Path):
 def measure(quick: bool = False, reps: int = 5) -> list[dict]:
     import dagster as dg
 
-    defs_file = ROOT / ("tests/ui_definitions.py" if quick else "definitions.py")
+    defs_file = ROOT / ("tests/support/ui_definitions.py" if quick else "definitions.py")
     label = " (test size)" if quick else ""
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,9 +35,9 @@ def measure(reps: int = 7) -> list[dict]:
     import ray
 
     from marin_assets import Step
-    from marin_assets.core.execute import materialize_step, run_in_process
+    from marin_assets.core.materialize import materialize_step, run_in_process
     from marin_assets.core.lease import LeaseSettings
-    from marin_assets.core.ray_execution import ray_runner
+    from marin_assets.execution.ray_runner import ray_runner
     from resources import RayResource
 
     log = logging.getLogger("bench")
@@ -52,12 +52,12 @@ def measure(reps: int = 7) -> list[dict]:
             for label, seconds in (("small (~20 ms) step", 0.02), ("medium (~1 s) step", 1.0)):
                 step = Step(name=f"bench/busy-{seconds}", fn=functools.partial(busy, seconds))
                 for run_fn in (on_ray, run_in_process):  # warm both paths
-                    materialize_step(step, prefix=tmp, settings=settings, force=True, run_fn=run_fn)
+                    materialize_step(step, prefix=tmp, settings=settings, recompute="measured", run_fn=run_fn)
                 samples: dict[str, list[float]] = {"ray": [], "local": []}
                 for _ in range(reps):
                     for kind, run_fn in (("ray", on_ray), ("local", run_in_process)):
                         start = time.perf_counter()
-                        materialize_step(step, prefix=tmp, settings=settings, force=True, run_fn=run_fn)
+                        materialize_step(step, prefix=tmp, settings=settings, recompute="measured", run_fn=run_fn)
                         samples[kind].append(time.perf_counter() - start)
                 result = time_ratio(f"{label} through warm Ray ÷ in process", samples["ray"], samples["local"],
                                     at_most=None)

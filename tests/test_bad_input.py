@@ -25,8 +25,8 @@ from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
 from marin_assets.pipeline.tokenize import tokenize_step
 from marin_assets.pipeline.tokenizer import bpe_tokenizer_step, existing_tokenizer_step
 from marin_assets.pipeline.train import train_step
-from tests.conftest import FAST, ROOT, corpus_and_tokenizer
-from tests.hub_server import HubRepo, release_hub, serve_hub, use_hub
+from tests.support.helpers import FAST, ROOT, corpus_and_tokenizer
+from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
 
 DOCS = ROOT / "docs" / "bad-input.md"
 
@@ -220,7 +220,7 @@ def test_unencodable_hash_attrs_bad_names_duplicates_and_escaping_overrides():
 
 
 def test_a_resource_request_the_cluster_cannot_satisfy(prefix, neighbour, local_ray):
-    from marin_assets.core.ray_execution import ray_runner
+    from marin_assets.execution.ray_runner import ray_runner
     from resources import RayResource
 
     step = Step(name="train/huge", fn=print, resources=Resources(cpu=64))

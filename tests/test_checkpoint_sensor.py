@@ -14,13 +14,13 @@ import fsspec
 import pytest
 
 from marin_assets import materialize_step
-from marin_assets.automation.checkpoints import CHECKPOINT_TAG
+from marin_assets.dagster.checkpoint_evals import CHECKPOINT_TAG
 from marin_assets.core.status import Status, read_status
 from marin_assets.core.step import walk
 from marin_assets.pipeline.train import list_checkpoints, run_dir_of
 from resources import StorageResource
-from tests import automation_pipeline as auto
-from tests.conftest import BIN, ROOT, subprocess_env
+from tests.support import automation_pipeline as auto
+from tests.support.helpers import BIN, ROOT, subprocess_env
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def data_ready(prefix):
 
 
 def start_training(prefix: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "step_worker.py"), auto.train.name],
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "step_worker.py"), auto.train.name],
                             env=subprocess_env(MARIN_PREFIX=prefix), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
@@ -127,7 +127,7 @@ def test_under_the_daemon_every_checkpoint_is_evaluated_once_across_a_restart(da
         "run_coordinator:\n  module: dagster.core.run_coordinator\n  class: QueuedRunCoordinator\n"
         "  config:\n    max_concurrent_runs: 2\n")
     workspace = tmp_path / "workspace.yaml"
-    module = ROOT / "tests" / "automation_pipeline.py"
+    module = ROOT / "tests" / "support" / "automation_pipeline.py"
     workspace.write_text(f"load_from:\n  - python_file:\n      relative_path: {module}\n"
                          f"      working_directory: {ROOT}\n      attribute: defs\n")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
@@ -152,7 +152,7 @@ def test_under_the_daemon_every_checkpoint_is_evaluated_once_across_a_restart(da
     instance = dg.DagsterInstance.get()
     daemon = start_daemon(1)
     training = subprocess.Popen(
-        [str(BIN / "dagster"), "asset", "materialize", "-f", str(ROOT / "tests" / "automation_pipeline.py"),
+        [str(BIN / "dagster"), "asset", "materialize", "-f", str(ROOT / "tests" / "support" / "automation_pipeline.py"),
          "--select", auto.train.name], cwd=ROOT, env=env, stdout=open(logs / "train.log", "w"),
         stderr=subprocess.STDOUT)
     try:

@@ -1,7 +1,7 @@
 """kill -9 at random moments (fixed seed, bounded count): nothing partial is marked done, and
 the next materialization takes over, resumes and succeeds. `bench/crash_soak.py` runs more."""
 
-from tests.crash_trials import run_trials
+from tests.support.crash_trials import run_trials
 
 
 def test_kill_9_at_random_moments_of_download_tokenize_and_training(tmp_path, prefix):

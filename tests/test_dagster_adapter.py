@@ -9,11 +9,12 @@ import dagster as dg
 import pytest
 
 from marin_assets import FORCE_TAG, build_assets, build_definitions, load_result
-from marin_assets.core.adapter import step_of, steps_of
+from marin_assets.dagster.assets import step_of
+from marin_assets.dagster.definitions import steps_of
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.hello import Stats, numbers_step, stats_step
 from resources import StorageResource
-from tests.conftest import BIN, ROOT, calls, record_call, subprocess_env
+from tests.support.helpers import BIN, ROOT, calls, record_call, run_cli, subprocess_env
 
 
 def hello(n=20):
@@ -110,13 +111,6 @@ def test_failed_step_fails_the_run_with_the_original_error(prefix, local_ray):
     failure = result.get_step_failure_events()[0].step_failure_data.error
     assert failure.cause.cls_name == "ZeroDivisionError"
     assert "division by zero" in failure.cause.message
-
-
-def run_cli(*args, env, cwd=ROOT, check=True):
-    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    return proc
 
 
 def test_dagster_cli_materializes_into_a_real_dagster_home(prefix, dagster_home):

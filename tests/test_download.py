@@ -6,7 +6,7 @@ import os
 import pytest
 
 from marin_assets.pipeline.download import DownloadError, download_urls
-from tests.servers import serve_directory
+from tests.support.servers import serve_directory
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import random
 import pytest
 
 from marin_assets.pipeline.download import DownloadError, download_hf
-from tests.hub_server import HubRepo, release_hub, serve_hub, use_hub
+from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
 
 REPO = "user/tiny-stories"
 TOKEN = "hf_emulatorSecretToken0123456789"

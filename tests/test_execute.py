@@ -6,23 +6,20 @@ import os
 
 import pytest
 
-from marin_assets.core.execute import (
-    DependencyNotReadyError,
-    StepResultError,
-    materialize_step,
-)
+from marin_assets.core.materialize import DependencyNotReadyError, materialize_step
 from marin_assets.core.lease import acquire
 from marin_assets.core.plan import plan
 from marin_assets.core.record import (
     RECORD_FILE,
     RecordNotAvailableError,
+    StepResultError,
     load_result,
     read_record,
 )
 from marin_assets.core.status import Status, read_status, status_store
 from marin_assets.core.step import Step
 from marin_assets.pipeline.hello import Stats, numbers_step, stats_step
-from tests.conftest import FAST
+from tests.support.helpers import FAST
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +94,8 @@ def test_force_recomputes_and_rewrites_the_output(prefix):
     calls = []
     step = counting_step(calls, v=4)
     first = materialize_step(step, settings=FAST)
-    forced = materialize_step(step, settings=FAST, force=True)
-    assert forced.cached is False and forced.took_over == "forced recompute of SUCCESS"
+    forced = materialize_step(step, settings=FAST, recompute="forced by the test")
+    assert forced.cached is False and forced.took_over == "recompute of SUCCESS: forced by the test"
     assert len(calls) == 2
     files = sorted(os.listdir(first.output_path))
     assert "data-1.txt" not in files and "data-2.txt" in files  # old output cleared first

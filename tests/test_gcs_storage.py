@@ -13,8 +13,8 @@ from marin_assets import materialize_step, read_record
 from marin_assets.core.lease import Lease, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.status import GCSStatusStore, Status, StatusRecord, read_status, status_store
 from marin_assets.core.step import Step, walk
-from tests.conftest import BIN, ROOT, subprocess_env
-from tests.gcs_emulator import emulator_env
+from tests.support.helpers import BIN, ROOT, subprocess_env
+from tests.support.gcs_emulator import emulator_env
 
 FAST = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.5, poll_interval=0.05)
 
@@ -43,7 +43,7 @@ def test_the_demo_hello_world_materializes_to_gs_through_the_cli(gs_prefix, dags
 
 
 def test_a_tokenize_step_writes_its_levanter_cache_to_gs(gs_prefix):
-    from tests.automation_pipeline import pipeline
+    from tests.support.automation_pipeline import pipeline
 
     outcomes = [materialize_step(step, prefix=gs_prefix, settings=FAST) for step in walk([pipeline["tokenized"]])]
     cache = outcomes[-1].record.result
@@ -58,7 +58,7 @@ def test_a_tokenize_step_writes_its_levanter_cache_to_gs(gs_prefix):
 
 
 def start_worker(prefix, events, sleep, env):
-    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "lease_worker.py"), prefix, str(events), "ok",
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "lease_worker.py"), prefix, str(events), "ok",
                              str(sleep), "0.2", "1.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
 
@@ -118,7 +118,7 @@ def test_generation_preconditions_refuse_a_stale_writer_and_a_robbed_holder_cann
 
 
 def test_the_llm_pipeline_runs_on_gs_and_the_checkpoint_sensor_lists_checkpoints_there(gs_prefix):
-    from tests.automation_pipeline import CHECKPOINTS, pipeline
+    from tests.support.automation_pipeline import CHECKPOINTS, pipeline
 
     outcomes = {step.name: materialize_step(step, prefix=gs_prefix, settings=FAST)
                 for step in walk([pipeline["export"], pipeline["evaluate"]])}

@@ -16,7 +16,7 @@ from marin_assets.core.identity import (
     canonical_json,
     identity_hash,
 )
-from tests.conftest import subprocess_env
+from tests.support.helpers import subprocess_env
 
 
 class Color(enum.Enum):

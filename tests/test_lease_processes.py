@@ -11,9 +11,9 @@ import pytest
 
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.core.status import Status, read_status
-from tests.conftest import ROOT, subprocess_env
+from tests.support.helpers import ROOT, subprocess_env
 
-WORKER = str(ROOT / "tests" / "lease_worker.py")
+WORKER = str(ROOT / "tests" / "support" / "lease_worker.py")
 
 
 def start(prefix, events, mode="ok", sleep=0.0, heartbeat=0.2, stale=1.5):

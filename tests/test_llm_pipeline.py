@@ -23,7 +23,7 @@ from marin_assets.pipeline.train import (
     train_lm,
     train_step,
 )
-from tests.conftest import ROOT, corpus_and_tokenizer, subprocess_env
+from tests.support.helpers import ROOT, corpus_and_tokenizer, subprocess_env
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
 FAST_LR = OptimizerSpec(learning_rate=1e-2)
@@ -70,7 +70,7 @@ def test_export_and_evaluate_any_checkpoint(trained, cache, tmp_path):
 def test_killed_training_resumes_from_its_last_checkpoint(cache, tmp_path):
     root, tok, path = cache
     out = tmp_path / "train"
-    args = [sys.executable, str(ROOT / "tests" / "train_worker.py"), str(out), tok, path]
+    args = [sys.executable, str(ROOT / "tests" / "support" / "train_worker.py"), str(out), tok, path]
     proc = subprocess.Popen(args, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_dir = out / "checkpoints" / out.name
     deadline = time.time() + 240

@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
-from tests.conftest import BIN, subprocess_env
-from tests.test_dagster_adapter import run_cli
+from tests.support.helpers import BIN, subprocess_env
+from tests.support.helpers import run_cli
 
 DEFS = textwrap.dedent(
     """

@@ -8,8 +8,8 @@ import dagster as dg
 import psycopg2
 import pytest
 
-from tests.conftest import BIN, ROOT, subprocess_env
-from tests.postgres_server import postgres_server
+from tests.support.helpers import BIN, ROOT, subprocess_env
+from tests.support.postgres_server import postgres_server
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,13 @@ import dagster as dg
 
 from marin_assets.core.record import read_record
 from marin_assets.core.status import Status, read_status
-from tests.conftest import BIN, ROOT, subprocess_env
+from tests.support.helpers import BIN, ROOT, subprocess_env
 
 DEFS = textwrap.dedent("""
     import functools
     from marin_assets import Step, build_definitions
     from resources import StorageResource
-    from tests.race_steps import counted
+    from tests.support.race_steps import counted
 
     shared = Step(name="race/shared", fn=functools.partial(counted, "shared", 3.0), hash_attrs={"v": 1})
     left = Step(name="race/left", fn=functools.partial(counted, "left", 0.5), deps=[shared])

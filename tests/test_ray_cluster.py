@@ -19,16 +19,16 @@ import psutil
 import pytest
 
 from marin_assets.core.status import Status, read_status
-from tests.conftest import BIN, ROOT, subprocess_env
-from tests.test_dagster_adapter import run_cli
+from tests.support.helpers import BIN, ROOT, subprocess_env
+from tests.support.helpers import run_cli
 
 DEFS = textwrap.dedent(
     """
     import os
     from marin_assets import Resources, Step, build_definitions
     from resources import RayResource
-    from tests.cluster_steps import on_each_host, sleepy, where, write_here
-    from tests.gcs_emulator import emulator_env
+    from tests.support.cluster_steps import on_each_host, sleepy, where, write_here
+    from tests.support.gcs_emulator import emulator_env
 
     steps = [
         Step(name="cluster/where", fn=where),

@@ -11,17 +11,13 @@ import dagster as dg
 import pytest
 
 from marin_assets import Resources, Step, build_definitions
-from marin_assets.core.execute import materialize_step
+from marin_assets.core.materialize import materialize_step
 from marin_assets.core.lease import LeaseLostError
-from marin_assets.core.ray_execution import (
-    InfeasibleRequestError,
-    RayRequest,
-    RemoteTraceback,
-    run_on_ray,
-)
+from marin_assets.execution.ray_runner import RemoteTraceback, run_on_ray
+from marin_assets.execution.requests import InfeasibleRequestError, RayRequest
 from marin_assets.core.status import Status, read_status
 from resources import RayResource
-from tests.conftest import FAST
+from tests.support.helpers import FAST
 
 log = logging.getLogger("test")
 

@@ -9,8 +9,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from tests.conftest import BIN, ROOT, subprocess_env
-from tests.hub_server import HubRepo, serve_hub
+from tests.support.helpers import BIN, ROOT, subprocess_env
+from tests.support.hub_server import HubRepo, serve_hub
 
 HF_TOKEN = "hf_plantedSecretZq7Xw3Lk9Vb2Nm4Rt6Yp8"
 AWS_SECRET = "awsPlantedSecretKey/Qz9x8C7v6B5n4M3"

@@ -13,14 +13,14 @@ import dagster as dg
 import pytest
 
 from marin_assets import FORCE_TAG, build_definitions, read_record
-from marin_assets.automation import source_sensor
-from marin_assets.automation.sources import SOURCE_VERSION_TAG
+from marin_assets.dagster import source_sensor
+from marin_assets.dagster.source_sensor import SOURCE_VERSION_TAG
 from marin_assets.core.step import Step
 from marin_assets.pipeline.download import hf_download_step, url_download_step
 from resources import StorageResource
-from tests.conftest import calls, record_call
-from tests.hub_server import HubRepo, release_hub, serve_hub, use_hub
-from tests.servers import serve_directory
+from tests.support.helpers import calls, record_call
+from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
+from tests.support.servers import serve_directory
 
 
 def count_lines(download: Step, output_path: str) -> int:

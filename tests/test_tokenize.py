@@ -16,7 +16,7 @@ from marin_assets.pipeline.tokenize import (
     tokenize_file,
 )
 from marin_assets.pipeline.tokenizer import load_hf_tokenizer, train_tokenizer
-from tests.conftest import ROOT, corpus_and_tokenizer, subprocess_env
+from tests.support.helpers import ROOT, corpus_and_tokenizer, subprocess_env
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_tokenize_counts_match_the_tokenizer(inputs, tmp_path):
 def test_killed_tokenize_resumes_instead_of_restarting(inputs, tmp_path):
     raw, tok, _ = inputs
     out = tmp_path / "c"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "tokenize_worker.py"), str(out), raw, tok],
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "tokenize_worker.py"), str(out), raw, tok],
                             env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first_part = out / ".parts" / "train" / "00000" / "shard_ledger.json"
     third_part = out / ".parts" / "train" / "00002" / "shard_ledger.json"
@@ -116,10 +116,10 @@ def test_files_fan_out_to_ray_tasks_with_identical_output(inputs, tmp_path, loca
 
 
 def test_bad_input_through_the_step_names_the_asset_and_leaves_no_success(inputs, tmp_path, prefix):
-    from marin_assets.core.execute import materialize_step
+    from marin_assets.core.materialize import materialize_step
     from marin_assets.core.status import Status, read_status
     from marin_assets.core.step import Step
-    from tests.conftest import FAST
+    from tests.support.helpers import FAST
 
     _, tok, _ = inputs
     bad = tmp_path / "bad"

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tests import ui_definitions as ui
-from tests.browser import ARGS, ensure_chromium
-from tests.conftest import BIN, ROOT, corpus_and_tokenizer, subprocess_env
+from tests.support import ui_definitions as ui
+from tests.support.browser import ARGS, ensure_chromium
+from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
 
 SHOTS = ROOT / "tests" / "artifacts" / "screenshots"
-DEFINITIONS = ROOT / "tests" / "ui_definitions.py"
+DEFINITIONS = ROOT / "tests" / "support" / "ui_definitions.py"
 GROUPS = ["hello", "raw", "tokenizers", "tokenized", "checkpoints", "exports", "evals"]
 
 

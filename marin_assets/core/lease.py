@@ -1,9 +1,9 @@
 """The lease protocol: who computes an output, exactly once, across processes and machines.
 
-`acquire` decides, looping on the status object of one output:
-- `SUCCESS` → cached (unless a forced recompute: then take it over);
-- `RUNNING` by a live holder → wait, polling, then decide again;
-- `RUNNING` with a stale heartbeat, `FAILED`, or nothing → take the lease (compare-and-swap).
+`acquire` loops on the status object of one output and does what `decision.decide` says:
+reuse a `SUCCESS` (unless a recompute was asked for), wait for a live holder and decide again,
+or take the lease (compare-and-swap) from nothing, a stale holder, `FAILED`, or the `SUCCESS`
+being recomputed.
 
 A `Lease` renews its heartbeat in a thread; every renewal and the final `SUCCESS`/`FAILED`
 are compare-and-swaps against what the holder last wrote, so a holder that lost its lease
@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from marin_assets.core.decision import Action, decide
 from marin_assets.core.status import (
     Status,
     StatusRecord,
@@ -65,13 +66,15 @@ class Lease:
     """The right to compute one output, held until `finish`."""
 
     def __init__(self, store: StatusStore, record: StatusRecord, version: Version,
-                 settings: LeaseSettings, took_over: StatusRecord | None, waited_s: float):
+                 settings: LeaseSettings, took_over: StatusRecord | None, waited_s: float, reason: str = ""):
         self.store = store
         self.record = record
         self.version = version
         self.settings = settings
         self.took_over = took_over
-        """The previous status object when this lease replaced a stale/failed/forced one."""
+        """The previous status object when this lease replaced a stale/failed/recomputed one."""
+        self.reason = reason
+        """Why the lease was taken (`decision.decide`'s reason): `no output yet`, `stale RUNNING by …`."""
         self.waited_s = waited_s
         self.lost = threading.Event()
         self._lock = threading.Lock()
@@ -127,14 +130,14 @@ def acquire(
     settings: LeaseSettings,
     *,
     run_id: str | None = None,
-    force: bool = False,
+    recompute: str | None = None,
     on_wait: Callable[[StatusRecord], None] | None = None,
     deadline: float | None = None,
 ) -> Lease | Cached:
     """Return a `Lease` to compute the output, or `Cached` when it is already complete.
 
-    `force` recomputes a `SUCCESS` found on first look; if instead we wait for a live
-    holder, its result is accepted (it is at least as new as our request).
+    `recompute` (why) takes over a `SUCCESS` found on first look; if instead we wait for a
+    live holder, its result is accepted (it is at least as new as our request).
     `deadline` (epoch seconds) bounds the wait; `TimeoutError` after it.
     """
     holder = new_holder_id()
@@ -142,10 +145,13 @@ def acquire(
     last_wait_log = 0.0
     while True:
         current, version = store.read()
-        if current is not None and current.status is Status.SUCCESS and not force:
+        decision = decide(current, settings.stale_timeout, recompute=recompute)
+        if decision.action is Action.REUSE:
+            assert current is not None
             return Cached(current, time.monotonic() - started)
-        if current is not None and current.is_live(settings.stale_timeout):
-            force = False
+        if decision.action is Action.WAIT:
+            assert current is not None
+            recompute = None
             if on_wait is not None and time.monotonic() - last_wait_log >= max(settings.poll_interval, 30):
                 on_wait(current)
                 last_wait_log = time.monotonic()
@@ -158,5 +164,5 @@ def acquire(
         new_version = store.write_if(version, mine)
         if new_version is not None:
             return Lease(store, mine, new_version, settings, took_over=current,
-                         waited_s=time.monotonic() - started)
+                         waited_s=time.monotonic() - started, reason=decision.reason)
         time.sleep(min(settings.poll_interval, 0.2))  # lost a race: look again

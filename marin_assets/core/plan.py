@@ -9,19 +9,19 @@ Read-only: it reads status objects and records, never creates a directory.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from marin_assets.core.decision import Action, decide, decide_output
 from marin_assets.core.identity import canonical
 from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.record import RecordNotAvailableError, read_record
-from marin_assets.core.status import Status, StatusRecord, read_status
+from marin_assets.core.status import read_status
 from marin_assets.core.step import Step, walk
-from marin_assets.core.versions import changed_inputs
 
-RUN, REUSE, WAIT, BLOCKED = "run", "reuse", "wait", "blocked"
+RUN, REUSE, WAIT = Action.RUN.value, Action.REUSE.value, Action.WAIT.value
+BLOCKED = "blocked"
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,11 @@ def plan(
     settings: LeaseSettings = LeaseSettings(),
     previous: Mapping[str, PreviousMaterialization] | None = None,
 ) -> list[PlanRow]:
-    """Rows for `steps` named in `selected` and their upstream closure, dependencies first."""
+    """Rows for `steps` named in `selected` and their upstream closure, dependencies first.
+
+    Each output's action is `decision.decide_output`'s — what a materialization would do;
+    a step that would run but is not selected, or whose dependency cannot be made, is blocked.
+    """
     previous = previous or {}
     wanted = [s for s in walk(steps) if s.name in selected]
     rows: dict[str, PlanRow] = {}
@@ -65,11 +69,11 @@ def plan(
         out = step.output_path_under(prefix)
         status = read_status(out)
         is_selected = step.name in selected
-        action, reason = _own_action(status, settings)
-        if action == REUSE:
-            stale_inputs = _changed_inputs(step, out, status, prefix)
-            if stale_inputs:
-                action, reason = RUN, f"inputs changed since it was made ({'; '.join(stale_inputs)})"
+        try:
+            decision = decide_output(step, out, status, prefix, settings.stale_timeout)[0]
+        except (RecordNotAvailableError, OSError, ValueError):  # an unreadable record: say what the status says
+            decision = decide(status, settings.stale_timeout)
+        action, reason = decision.action.value, decision.reason
         if action == RUN:
             blocker = _blocking_dep(step, rows)
             if not is_selected:
@@ -94,26 +98,6 @@ def plan(
             changed=changed, previous_hash=prev_hash,
         )
     return list(rows.values())
-
-
-def _own_action(status: StatusRecord | None, settings: LeaseSettings) -> tuple[str, str]:
-    if status is None:
-        return RUN, "no output yet"
-    if status.status is Status.SUCCESS:
-        return REUSE, f"SUCCESS (made by run {status.run_id})" if status.run_id else "SUCCESS"
-    age = time.time() - status.heartbeat
-    if status.is_live(settings.stale_timeout):
-        return WAIT, f"RUNNING by {status.holder} (run {status.run_id}), heartbeat {age:.0f}s ago"
-    if status.status is Status.RUNNING:
-        return RUN, f"stale lease of {status.holder} (no heartbeat for {age:.0f}s) will be taken over"
-    return RUN, f"previous attempt FAILED ({status.error})" if status.error else "previous attempt FAILED"
-
-
-def _changed_inputs(step: Step, out: str, status: StatusRecord | None, prefix: str) -> list[str]:
-    try:
-        return changed_inputs(step, read_record(out, status=status), prefix)
-    except (RecordNotAvailableError, OSError, ValueError):
-        return []
 
 
 def _blocking_dep(step: Step, rows: Mapping[str, PlanRow]) -> str | None:

@@ -29,6 +29,10 @@ class RecordNotAvailableError(RuntimeError):
     """No servable record: the step has not succeeded at that path."""
 
 
+class StepResultError(TypeError):
+    """The step function returned a value that cannot be recorded (or would not load back equal)."""
+
+
 @dataclass(frozen=True)
 class Provenance:
     run_id: str | None
@@ -116,6 +120,15 @@ def load_result(step_or_path: Any, result_type: type[T] | None = None) -> T:
             obj = getattr(obj, part)
         result_type = obj
     return from_jsonable(record.result, result_type)
+
+
+def encode_result(step_name: str, result: Any) -> Any:
+    """The JSON form of a step's result, or `StepResultError` naming the step."""
+    try:
+        return to_jsonable(result)
+    except TypeError as e:
+        raise StepResultError(f"step {step_name!r}: {e}; return a dataclass, pydantic model"
+                              " or plain JSON value") from None
 
 
 def to_jsonable(value: Any) -> Any:

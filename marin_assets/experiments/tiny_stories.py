@@ -3,7 +3,7 @@ cache → a tiny Llama → Hugging Face export → evaluation. `build()` makes s
 
 from __future__ import annotations
 
-from marin_assets.automation.checkpoints import CheckpointEvals
+from marin_assets.pipeline.evaluate import CheckpointEvals
 from marin_assets.core.step import Step
 from marin_assets.pipeline.corpus import corpus_step
 from marin_assets.pipeline.evaluate import evaluate_step, export_step

@@ -11,22 +11,26 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import fsspec
 
 from marin_assets.core.checks import Check, CheckOutcome
+from marin_assets.core.identity import identity_hash
 from marin_assets.core.files import open_file
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step, made_by
 from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
 from marin_assets.pipeline.tokenize import TokenizedCache
-from marin_assets.pipeline.train import TrainResult, checkpoint_path_of
+from marin_assets.pipeline.train import TrainResult, TrainStep
 
 
 @dataclass(frozen=True)
 class ExportResult:
+    """A Hugging Face model folder made from one checkpoint."""
+
     path: str
     checkpoint: str
     step: int
@@ -34,6 +38,8 @@ class ExportResult:
 
 @dataclass(frozen=True)
 class EvalResult:
+    """Loss and bits per byte of one checkpoint, overall and per validation set."""
+
     checkpoint: str
     step: int | None
     loss: float
@@ -150,15 +156,12 @@ def every_set_evaluated(names: list[str]) -> Check:
     return Check("every_set_evaluated", check, f"A finite loss for every validation set ({', '.join(names)}).")
 
 
-def _train_spec(train: Step) -> ModelSpec:
-    return train.hash_attrs["model"]
-
-
 def export_step(name: str, train: Step, checkpoint_step: int | None = None) -> Step:
+    """A Hugging Face export of a checkpoint (default: the last) of a training step (its result is a `TrainResult`)."""
     def run(out: str) -> ExportResult:
         result = load_result(train, TrainResult)
-        tokenizer = _tokenizer_path(train)
-        return export_hf(out, result.checkpoint_path(checkpoint_step), _train_spec(train), tokenizer)
+        model, tokenizer = result.model_and_tokenizer()
+        return export_hf(out, result.checkpoint_path(checkpoint_step), model, tokenizer)
 
     return Step(name=name, fn=run, deps=[train], hash_attrs={"checkpoint_step": checkpoint_step}, kind="export",
                 description=made_by(export_hf), kinds=["levanter", "huggingface"])
@@ -166,13 +169,14 @@ def export_step(name: str, train: Step, checkpoint_step: int | None = None) -> S
 
 def evaluate_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int | None = None,
                   max_eval_batches: int | None = None) -> Step:
+    """Loss and bits per byte of a checkpoint (default: the last) of a training step on each validation cache."""
     names = sorted(validation)
 
     def run(out: str) -> EvalResult:
         result = load_result(train, TrainResult)
+        model, tokenizer = result.model_and_tokenizer()
         caches = {k: load_result(validation[k], TokenizedCache).path for k in names}
-        return evaluate_lm(out, result.checkpoint_path(checkpoint_step), _train_spec(train), _tokenizer_path(train),
-                           caches, max_eval_batches)
+        return evaluate_lm(out, result.checkpoint_path(checkpoint_step), model, tokenizer, caches, max_eval_batches)
 
     return Step(name=name, fn=run, deps=[train] + [validation[k] for k in names],
                 hash_attrs={"checkpoint_step": checkpoint_step, "max_eval_batches": max_eval_batches,
@@ -181,18 +185,19 @@ def evaluate_step(name: str, train: Step, validation: dict[str, Step], checkpoin
                 kinds=["levanter", "jax"], checks=[every_set_evaluated(names)])
 
 
-def checkpoint_eval_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int,
+def checkpoint_eval_step(name: str, train: TrainStep, validation: Mapping[str, Step], checkpoint_step: int,
                          max_eval_batches: int | None = None) -> Step:
     """Evaluate checkpoint `checkpoint_step` of `train` as soon as it is complete, while training goes on.
 
     The training step is not a dependency — its record exists only once training ends — so
     its identity enters `hash_attrs` instead: a different training run is a different output.
+    The model and tokenizer come from the typed `TrainStep`, not from its record.
     """
     names = sorted(validation)
 
     def run(out: str) -> EvalResult:
         caches = {k: load_result(validation[k], TokenizedCache).path for k in names}
-        return evaluate_lm(out, checkpoint_path_of(train, checkpoint_step), _train_spec(train), _tokenizer_path(train),
+        return evaluate_lm(out, train.checkpoint_path(checkpoint_step), train.model, train.tokenizer_path(),
                            caches, max_eval_batches)
 
     return Step(name=name, fn=run, deps=[validation[k] for k in names],
@@ -202,6 +207,29 @@ def checkpoint_eval_step(name: str, train: Step, validation: dict[str, Step], ch
                 kinds=["levanter", "jax"], checks=[every_set_evaluated(names)])
 
 
-def _tokenizer_path(train: Step) -> str:
-    tokenized = next(d for d in train.deps if d.kind == "tokenize")
-    return load_result(tokenized, TokenizedCache).tokenizer
+@dataclass(frozen=True)
+class CheckpointEvals:
+    """Evaluate each checkpoint of `train` on `validation` as it lands: one step per checkpoint,
+    served as one partitioned asset (`marin_assets.dagster.checkpoint_evals`)."""
+
+    name: str
+    """Asset name (`evals/tiny-llama-checkpoints`); checkpoint N's output is `{name}/step-N_{hash}`."""
+    train: TrainStep
+    """The training step whose checkpoints are evaluated."""
+    validation: Mapping[str, Step]
+    """Validation set name → tokenized cache step."""
+    max_eval_batches: int | None = None
+    """Batches per validation set; None for all of it."""
+
+    @property
+    def hash(self) -> str:
+        """Identity of the evaluation setup (each checkpoint adds its step)."""
+        return identity_hash(self.name, {"checkpoint_of": self.train.name_with_hash,
+                                         "max_eval_batches": self.max_eval_batches,
+                                         "validation": sorted(self.validation)},
+                             sorted(v.name_with_hash for v in self.validation.values()))
+
+    def step(self, checkpoint: int) -> Step:
+        """The evaluation of checkpoint step `checkpoint`."""
+        return checkpoint_eval_step(f"{self.name}/step-{checkpoint}", self.train, self.validation, checkpoint,
+                                    self.max_eval_batches)

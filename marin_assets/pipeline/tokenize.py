@@ -22,7 +22,7 @@ import threading
 import time
 import types
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fsspec
 
@@ -355,10 +355,19 @@ CACHE_NOT_EMPTY = Check("cache_not_empty", cache_not_empty,
                         "Every split is a finished Levanter cache with documents and tokens.", blocking=True)
 
 
+@dataclass(frozen=True, eq=False)
+class TokenizeStep(Step):
+    """A tokenize step that knows, at definition time, which tokenizer step its cache is built with."""
+
+    tokenizer: Step = field(kw_only=True)
+    """The tokenizer step (its output folder is the tokenizer)."""
+
+
 def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, Sequence[str]] | None = None,
-                  text_field: str = "text", workers: int = 1, cpu: float = 1) -> Step:
+                  text_field: str = "text", workers: int = 1, cpu: float = 1) -> TokenizeStep:
+    """A Levanter cache of `dataset`'s splits (`{split: [glob, …]}`) tokenized with `tokenizer`'s folder."""
     splits = {k: list(v) for k, v in (splits or {"train": ["train/*"], "validation": ["validation/*"]}).items()}
-    return Step(
+    return TokenizeStep(
         name=name,
         fn=lambda out: tokenize(out, dataset.output_path, tokenizer.output_path, splits, text_field,
                                 workers=workers),
@@ -369,4 +378,5 @@ def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, S
         description=made_by(tokenize),
         kinds=["levanter"],
         checks=[CACHE_NOT_EMPTY, tokenizer_matches(tokenizer)],
+        tokenizer=tokenizer,
     )

@@ -15,7 +15,7 @@ import re
 import tempfile
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import fsspec
 
@@ -31,13 +31,15 @@ from marin_assets.pipeline.specs import (
     TrainerSpec,
     check_weights,
 )
-from marin_assets.pipeline.tokenize import TokenizedCache
+from marin_assets.pipeline.tokenize import TokenizedCache, TokenizeStep
 
 METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass(frozen=True)
 class TrainResult:
+    """What a training run made: its checkpoints, losses, throughput, and what reads them needs."""
+
     run_id: str
     steps: int
     final_train_loss: float | None
@@ -54,6 +56,18 @@ class TrainResult:
     """[step, train loss] pairs."""
     eval_curve: list[list[float]] = field(default_factory=list)
     """[step, eval loss] pairs."""
+    model: ModelSpec | None = None
+    """The model trained: what export and evaluation load the checkpoints as (None in records
+    made before it was recorded)."""
+    tokenizer: str | None = None
+    """The tokenizer folder the training data was tokenized with."""
+
+    def model_and_tokenizer(self) -> tuple[ModelSpec, str]:
+        """The model spec and tokenizer folder, or an error saying the record predates them."""
+        if self.model is None or self.tokenizer is None:
+            raise ValueError(f"the training record of {self.run_id} has no model/tokenizer (made by an older"
+                             " marin-assets); re-materialize the training step with force to record them")
+        return self.model, self.tokenizer
 
     def checkpoint_path(self, step: int | None = None) -> str:
         """The checkpoint of `step` (default: the last)."""
@@ -98,11 +112,6 @@ def list_checkpoints(run_dir: str, known: Collection[int] = ()) -> dict[int, boo
 def checkpoint_steps(run_dir: str) -> list[int]:
     """Steps of the complete checkpoints in a run folder, temporary ones included."""
     return sorted(list_checkpoints(run_dir))
-
-
-def checkpoint_path_of(train: Step, step: int) -> str:
-    """The folder of checkpoint `step` of a training step under the current prefix."""
-    return join_path(run_dir_of(train.output_path), f"step-{step}")
 
 
 def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weights: dict[str, float],
@@ -158,7 +167,8 @@ def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weig
             fs, path = fsspec.core.url_to_fs(output_path)
             fs.put(metrics_file, f"{path}/{METRICS_FILE}")
             fs.put(os.path.join(local, "reference"), f"{path}/reference", recursive=True)
-        return summarize(output_path, run_id, trainer, time.monotonic() - started, metrics_file)
+        result = summarize(output_path, run_id, trainer, time.monotonic() - started, metrics_file)
+        return replace(result, model=model, tokenizer=tokenizer_path)
 
 
 def _copy_if_exists(url: str, local_path: str) -> None:
@@ -213,15 +223,31 @@ def loss_fell(output_path: str, result: dict) -> CheckOutcome:
 LOSS_FELL = Check("loss_finite_and_fell", loss_fell, "Training loss is finite at every logged step and fell.")
 
 
-def tokenizer_of(tokenized: Step) -> Step | None:
-    return next((d for d in tokenized.deps if d.kind == "tokenizer"), None)
+@dataclass(frozen=True, eq=False)
+class TrainStep(Step):
+    """A training step that says, at definition time, what reading its checkpoints needs — so
+    per-checkpoint evaluation can start while training runs, before its record exists."""
+
+    model: ModelSpec = field(kw_only=True)
+    """The model being trained."""
+
+    def tokenizer_path(self) -> str:
+        """The tokenizer folder of its caches (read from the first cache's record; they share one)."""
+        return load_result(self.deps[0], TokenizedCache).tokenizer
+
+    def checkpoint_path(self, step: int) -> str:
+        """The folder of checkpoint `step` under the current prefix."""
+        return join_path(run_dir_of(self.output_path), f"step-{step}")
 
 
 def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec(),
                optimizer: OptimizerSpec = OptimizerSpec(), trainer: TrainerSpec = TrainerSpec(),
                weights: dict[str, float] | None = None, validation: dict[str, Step] | None = None,
-               cpu: float = 1, tpu_type: str | None = None) -> Step:
-    """A training step on a mixture: `train` components (default weight 1), `validation` ones weight 0."""
+               cpu: float = 1, tpu_type: str | None = None) -> TrainStep:
+    """A training step on a mixture: `train` components (default weight 1), `validation` ones weight 0.
+
+    Mixing caches of different tokenizers is an error here when the caches are `TokenizeStep`s
+    (which know their tokenizer step), and when the run starts otherwise (their fingerprints)."""
     weights = dict(weights or {k: 1.0 for k in train})
     components = {**train, **(validation or {})}
     for k in validation or {}:
@@ -233,9 +259,9 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
     unknown = set(weights) - set(components)
     if unknown:
         raise StepDefinitionError(f"step {name!r}: weights for unknown components {sorted(unknown)}")
-    tokenizers = {k: tokenizer_of(s) for k, s in components.items()}
-    if len({t.name_with_hash if t else None for t in tokenizers.values()}) > 1:
-        described = {k: t.name_with_hash if t else "?" for k, t in tokenizers.items()}
+    tokenizers = {k: s.tokenizer.name_with_hash for k, s in components.items() if isinstance(s, TokenizeStep)}
+    if len(set(tokenizers.values())) > 1:
+        described = dict(sorted(tokenizers.items()))
         raise StepDefinitionError(f"step {name!r}: the mixture mixes tokenizers: {described}")
     names = sorted(components)
 
@@ -248,7 +274,7 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
         return train_lm(out, first.tokenizer, {k: r.path for k, r in results.items()}, weights,
                         model, optimizer, trainer)
 
-    return Step(
+    return TrainStep(
         name=name,
         fn=run,
         deps=[components[k] for k in names],
@@ -258,4 +284,5 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
         description=made_by(train_lm),
         kinds=["levanter", "jax"],
         checks=[LOSS_FELL],
+        model=model,
     )

@@ -16,8 +16,8 @@ from typing import Any
 
 import dagster as dg
 
-from marin_assets.core.execute import StepOutcome
-from marin_assets.core.plots import line_plot_markdown
+from marin_assets.core.materialize import StepOutcome
+from marin_assets.dagster.plots import line_plot_markdown
 
 MAX_TABLE_ROWS = 200
 

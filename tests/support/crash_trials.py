@@ -33,7 +33,7 @@ from marin_assets.pipeline.download import url_download_step
 from marin_assets.pipeline.specs import OptimizerSpec
 from marin_assets.pipeline.train import list_checkpoints, run_dir_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.5, poll_interval=0.05)
 WINDOWS = {"download": 1.5, "tokenize": 4.0, "train": 12.0}
 """Seconds after the function starts within which the kill lands: about its running time."""
@@ -52,7 +52,7 @@ def source_folder(root: Path) -> Path:
 
 def steps(root: Path, source_url: str) -> dict[str, Step]:
     """`source_url` serves `source_folder(root)` (over a slow local HTTP server)."""
-    from tests.automation_pipeline import SHORT, TINY
+    from tests.support.automation_pipeline import SHORT, TINY
 
     pipeline = tiny_stories.build(prefix="crash", train_documents=6000, validation_documents=60, vocab_size=400,
                                   model=TINY, trainer=SHORT, optimizer=OptimizerSpec(learning_rate=1e-2))
@@ -120,7 +120,7 @@ def trial(kind: str, root: Path, prefix: str, url: str, rng: random.Random, repo
     marker = root / f"{kind}.started"
     marker.unlink(missing_ok=True)
     ray_tmp = tempfile.mkdtemp(prefix="mcr-", dir="/tmp")  # short (Ray's socket paths), and marks its processes
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "crash_worker.py"), str(root), url, kind, prefix,
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "crash_worker.py"), str(root), url, kind, prefix,
                              str(marker), "ray" if on_ray else "local"],
                             env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": ray_tmp}, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -181,7 +181,7 @@ def _kill_processes_mentioning(marker: str) -> None:
 def run_trials(kinds: dict[str, int], root: Path, prefix: str, seed: int = 0) -> Report:
     """`kinds`: trial counts by kind; a kind ending in `@ray` runs the function on an embedded
     Ray and kills the Ray worker too."""
-    from tests.servers import serve_directory
+    from tests.support.servers import serve_directory
 
     rng = random.Random(seed)
     report = Report()

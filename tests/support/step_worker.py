@@ -3,7 +3,7 @@
 import sys
 
 from marin_assets import materialize_step
-from tests.automation_pipeline import pipeline
+from tests.support.automation_pipeline import pipeline
 
 [step] = [s for s in pipeline.values() if s.name == sys.argv[1]]
 materialize_step(step)

@@ -6,11 +6,11 @@ import json
 import os
 
 from marin_assets import build_definitions
-from marin_assets.automation import checkpoint_evals_asset, checkpoint_sensor
+from marin_assets.dagster import checkpoint_evals_asset, checkpoint_sensor
 from marin_assets.experiments import tiny_stories
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
 from marin_assets.pipeline.specs import OptimizerSpec
-from tests.automation_pipeline import SHORT, TINY
+from tests.support.automation_pipeline import SHORT, TINY
 
 settings_file = os.environ.get("MARIN_UI_SETTINGS")
 settings = json.loads(open(settings_file).read()) if settings_file and os.path.exists(settings_file) else {}

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from marin_assets.core.adapter import asset_key
+from marin_assets.dagster.naming import asset_key
 from marin_assets.core.step import Step, walk
 
 AC = dg.AutomationCondition
@@ -53,7 +53,7 @@ def automation_sensor(
     """The sensor evaluating the conditions of `steps`' assets (off until switched on)."""
     return dg.AutomationConditionSensorDefinition(
         name,
-        target=dg.AssetSelection.assets(*[asset_key(s) for s in walk(steps)]),
+        target=dg.AssetSelection.assets(*[asset_key(s.name) for s in walk(steps)]),
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
         description="Materializes these assets when their identity hash changes or a dependency's data changes.",

@@ -4,7 +4,8 @@ Dagster daemon they start (`defs`, loaded through a workspace file). Storage: MA
 import dagster as dg
 
 from marin_assets import build_definitions
-from marin_assets.automation import CheckpointEvals, checkpoint_evals_asset, checkpoint_sensor
+from marin_assets.dagster import checkpoint_evals_asset, checkpoint_sensor
+from marin_assets.pipeline.evaluate import CheckpointEvals
 from marin_assets.experiments import tiny_stories
 from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
 

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from marin_assets.core.adapter import FORCE_TAG, asset_key, storage_settings
+from marin_assets.dagster.assets import FORCE_TAG, storage_settings
+from marin_assets.dagster.naming import asset_key
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.core.step import Step, walk
 from resources.storage import StorageResource
@@ -55,7 +56,7 @@ def source_sensor(
     if not watched:
         raise ValueError("source_sensor: none of these steps has a changing source (a source_version)")
     refresh = {s: [s] + (downstream_of(s, steps) if include_downstream else []) for s in watched}
-    targets = {asset_key(t) for group in refresh.values() for t in group}
+    targets = {asset_key(t.name) for group in refresh.values() for t in group}
 
     @dg.sensor(
         name=name,
@@ -85,7 +86,7 @@ def source_sensor(
                              f" {len(refresh[step])} asset(s)")
             runs.append(dg.RunRequest(
                 run_key=f"{step.name_with_hash}@{now}",
-                asset_selection=[asset_key(s) for s in refresh[step]],
+                asset_selection=[asset_key(s.name) for s in refresh[step]],
                 tags={FORCE_TAG: step.name, SOURCE_VERSION_TAG: now},
             ))
             requested[step.name_with_hash] = now

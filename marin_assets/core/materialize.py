@@ -1,7 +1,7 @@
 """Materialize one step: status and lease protocol, the function, the record, then SUCCESS.
 
-This is the whole exactly-once story in one place; the Dagster adapter, tests and tools call
-`materialize_step`. Where the function runs is pluggable (`run_fn`): in this process by
+This is the whole exactly-once story in one place, read top to bottom in `materialize_step`;
+the Dagster layer, tests and tools call it. Where the function runs is pluggable (`run_fn`): in this process by
 default, a Ray task when an execution resource supplies one.
 """
 
@@ -16,14 +16,15 @@ from typing import Any
 
 import fsspec
 
+from marin_assets.core.decision import Action, decide, decide_output, dependency_problem
 from marin_assets.core.identity import canonical
-from marin_assets.core.lease import Cached, LeaseLostError, LeaseSettings, acquire
+from marin_assets.core.lease import Cached, Lease, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.paths import normalize_prefix, storage_prefix, using_prefix
 from marin_assets.core.provenance import current_provenance
 from marin_assets.core.record import (
     ArtifactRecord,
+    encode_result,
     read_record,
-    to_jsonable,
     type_name,
     write_record,
 )
@@ -36,7 +37,7 @@ from marin_assets.core.status import (
     status_store,
 )
 from marin_assets.core.step import Step
-from marin_assets.core.versions import changed_inputs, content_version, current_input_versions
+from marin_assets.core.versions import content_version, current_input_versions
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +48,6 @@ stopping early (raising) if it can when `stop` is set — the lease was lost."""
 
 class DependencyNotReadyError(RuntimeError):
     """A dependency has no successful output; the step cannot run."""
-
-
-class StepResultError(TypeError):
-    """The step function returned a value that cannot be recorded."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,8 @@ class StepOutcome:
     waited_s: float
     """Time spent waiting for another holder."""
     took_over: str | None = None
-    """What this run replaced: e.g. `stale RUNNING by host:pid:id`, `FAILED`, `forced SUCCESS`."""
+    """Why this run replaced an existing status: `stale RUNNING by host:pid:id, …`,
+    `previous attempt FAILED (…)`, `recompute of SUCCESS: forced by …`; None for a fresh output."""
 
 
 def run_in_process(step: Step, output_path: str, prefix: str, stop: threading.Event | None = None) -> Any:
@@ -84,44 +82,56 @@ def materialize_step(
     prefix: str | None = None,
     settings: LeaseSettings = LeaseSettings(),
     run_id: str | None = None,
-    force: bool = False,
+    recompute: str | None = None,
     run_fn: RunFn = run_in_process,
     log: Any = logger,
 ) -> StepOutcome:
-    """Make sure `step`'s output exists, computing it here only if no one else has or is."""
+    """Make sure `step`'s output exists, computing it here only if no one else has or is.
+
+    `recompute`: why an existing `SUCCESS` must be made again (e.g. `forced by run config`);
+    None reuses it — unless its inputs changed since it was made, which is then the reason.
+    """
     started = time.monotonic()
     prefix = normalize_prefix(prefix) if prefix else storage_prefix()
     out = step.output_path_under(prefix)
     store = status_store(out)
 
-    current = store.read()[0]
-    stale_inputs: list[str] = []
-    if current is not None and current.status is Status.SUCCESS and not force:  # the common case: a cache hit
-        record = read_record(out, status=current)
-        stale_inputs = changed_inputs(step, record, prefix)
-        if not stale_inputs:
-            return StepOutcome(step, out, record, cached=True,
-                               duration_s=time.monotonic() - started, waited_s=0.0)
-        log.info(f"{step.name}: inputs changed since {out} was made ({'; '.join(stale_inputs)}); recomputing")
-        force = True
-    _wait_for_deps(step, prefix, settings, log)
+    # 1. A cache hit is one status read and one record read.
+    decision, record = decide_output(step, out, store.read()[0], prefix, settings.stale_timeout, recompute=recompute)
+    if record is not None:
+        return StepOutcome(step, out, record, cached=True, duration_s=time.monotonic() - started, waited_s=0.0)
+    if decision.recompute is not None:
+        recompute = decision.recompute
+        log.info(f"{step.name}: {decision.reason}")
 
-    def on_wait(holder) -> None:
+    # 2. Every dependency has a successful output (a live holder of one is waited for).
+    wait_for_dependencies(step, prefix, settings, log)
+
+    # 3. Take the lease — or find that a holder we waited for made the output.
+    def on_wait(holder: StatusRecord) -> None:
         log.info(f"{step.name}: waiting for {holder.holder} (run {holder.run_id}) computing {out}")
 
-    lease = acquire(store, settings, run_id=run_id, force=force, on_wait=on_wait)
+    lease = acquire(store, settings, run_id=run_id, recompute=recompute, on_wait=on_wait)
     if isinstance(lease, Cached):
-        record = read_record(out)
-        return StepOutcome(step, out, record, cached=True,
+        return StepOutcome(step, out, read_record(out), cached=True,
                            duration_s=time.monotonic() - started, waited_s=lease.waited_s)
-
-    took_over = _describe_takeover(lease.took_over)
-    if stale_inputs and took_over and took_over.startswith("forced"):
-        took_over = f"inputs changed: {'; '.join(stale_inputs)}"
+    took_over = lease.reason if lease.took_over is not None else None
+    replaces_success = lease.took_over is not None and lease.took_over.status is Status.SUCCESS
     if took_over:
         log.info(f"{step.name}: taking over {out} ({took_over})")
+
+    # 4. Compute, record, then SUCCESS — or FAILED; a lost lease commits nothing.
+    record = compute_and_commit(step, out, prefix, lease, run_fn, run_id, log,
+                                clear_first=replaces_success and step.override_output_path is None)
+    return StepOutcome(step, out, record, cached=False, duration_s=time.monotonic() - started,
+                       waited_s=lease.waited_s, took_over=took_over)
+
+
+def compute_and_commit(step: Step, out: str, prefix: str, lease: Lease, run_fn: RunFn, run_id: str | None,
+                       log: Any, clear_first: bool) -> ArtifactRecord:
+    """Holding `lease`: run the function, write the record, mark SUCCESS (or FAILED and re-raise)."""
     try:
-        if force and step.override_output_path is None:
+        if clear_first:
             _clear_output(out)
         lease.start_heartbeat()
         inputs = current_input_versions(step, prefix)
@@ -129,11 +139,7 @@ def materialize_step(
         fn_started = time.monotonic()
         result = run_fn(step, out, prefix, lease.lost)
         fn_duration = time.monotonic() - fn_started
-        try:
-            result_json = to_jsonable(result)
-        except TypeError as e:
-            raise StepResultError(f"step {step.name!r}: {e}; return a dataclass, pydantic model"
-                                  " or plain JSON value") from None
+        result_json = encode_result(step.name, result)
         lease.renew()
         record = ArtifactRecord(
             name=step.name,
@@ -150,6 +156,7 @@ def materialize_step(
         )
         write_record(out, record)
         lease.finish(Status.SUCCESS)
+        return record
     except LeaseLostError:
         lease.stop_heartbeat()
         log.error(f"{step.name}: lost the lease on {out}; this run's work is not committed")
@@ -164,45 +171,21 @@ def materialize_step(
         except Exception:
             log.exception(f"{step.name}: could not write FAILED to {out}")
         raise
-    return StepOutcome(step, out, record, cached=False, duration_s=time.monotonic() - started,
-                       waited_s=lease.waited_s, took_over=took_over)
 
 
-def _wait_for_deps(step: Step, prefix: str, settings: LeaseSettings, log: Any) -> None:
-    """Every dependency must be SUCCESS; a live holder of one is waited for."""
+def wait_for_dependencies(step: Step, prefix: str, settings: LeaseSettings, log: Any) -> None:
+    """Every dependency must be SUCCESS; a live holder of one is waited for, anything else is an error."""
     for dep in step.deps:
         path = dep.output_path_under(prefix)
         logged = False
-        while True:
-            status = read_status(path)
-            if status is not None and status.is_live(settings.stale_timeout):
-                if not logged:
-                    log.info(f"{step.name}: waiting for dependency {dep.name} ({status.holder})")
-                    logged = True
-                time.sleep(settings.poll_interval)
-                continue
-            break
-        if status is None or status.status is not Status.SUCCESS:
-            state = "not materialized" if status is None else status.status.value
-            if status is not None and status.status is Status.RUNNING:
-                state = f"RUNNING with a stale heartbeat (holder {status.holder} is gone)"
-            if status is not None and status.error:
-                state += f": {status.error}"
-            raise DependencyNotReadyError(
-                f"{step.name}: dependency {dep.name} has no successful output at {path}"
-                f" ({state}); materialize it first, e.g. --select '+{step.name}'"
-            )
-
-
-def _describe_takeover(previous: StatusRecord | None) -> str | None:
-    if previous is None:
-        return None
-    if previous.status is Status.SUCCESS:
-        return "forced recompute of SUCCESS"
-    if previous.status is Status.FAILED:
-        return f"previous attempt FAILED: {previous.error}" if previous.error else "previous attempt FAILED"
-    age = time.time() - previous.heartbeat
-    return f"stale RUNNING by {previous.holder}, no heartbeat for {age:.0f}s"
+        while (decision := decide(read_status(path), settings.stale_timeout)).action is Action.WAIT:
+            if not logged:
+                log.info(f"{step.name}: waiting for dependency {dep.name} ({decision.reason})")
+                logged = True
+            time.sleep(settings.poll_interval)
+        if not decision.ready:
+            raise DependencyNotReadyError(f"{step.name}: {dependency_problem(dep, path, decision)};"
+                                          f" materialize it first, e.g. --select '+{step.name}'")
 
 
 def _clear_output(out: str) -> None:

@@ -6,14 +6,14 @@ import sys
 from pathlib import Path
 
 from marin_assets import materialize_step
-from tests.crash_trials import SETTINGS, steps, with_marker
+from tests.support.crash_trials import SETTINGS, steps, with_marker
 
 root, url, kind, prefix, marker, where = sys.argv[1:7]
 kwargs = {}
 if where == "ray":
     import logging
 
-    from marin_assets.core.ray_execution import ray_runner
+    from marin_assets.execution.ray_runner import ray_runner
     from resources import RayResource
 
     kwargs["run_fn"] = ray_runner(RayResource(), logging.getLogger("crash_worker"))

@@ -1,0 +1,122 @@
+"""Evaluate every checkpoint as it lands: the per-checkpoint evaluation asset and its sensor.
+
+`CheckpointEvals` (pipeline library) names a training step and its validation sets. Its asset
+is made by `step_asset` like every step asset, partitioned: one dynamic partition per
+checkpoint step, each the step `{name}/step-N`, so evaluations are cached and leased like any
+output. The sensor lists the training run's checkpoint folder once per tick (local or
+`gs://`, through fsspec) and, for each new complete permanent checkpoint, adds the partition
+and requests its evaluation — while training is still running, since a checkpoint is read
+from its folder, not from the training step's record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+
+from marin_assets.core.materialize import StepOutcome
+from marin_assets.core.record import RecordNotAvailableError, read_record
+from marin_assets.dagster.assets import Partitioned, step_asset, storage_settings
+from marin_assets.dagster.naming import asset_key
+from marin_assets.pipeline.evaluate import CheckpointEvals
+from marin_assets.pipeline.train import list_checkpoints, run_dir_of
+from resources.storage import StorageResource
+
+CHECKPOINT_TAG = "marin/checkpoint"
+
+
+def partitions_of(evals: CheckpointEvals) -> dg.DynamicPartitionsDefinition:
+    """Partitions per training identity: a retrained model starts a fresh set."""
+    return dg.DynamicPartitionsDefinition(name=re.sub(r"[^A-Za-z0-9_]", "_", evals.train.name_with_hash))
+
+
+def results_table(evals: CheckpointEvals, checkpoints: Sequence[int], prefix: str) -> dg.TableMetadataValue:
+    """Loss and bits per byte of every evaluated checkpoint, one row per step."""
+    sets = sorted(evals.validation)
+    rows = []
+    for checkpoint in sorted(checkpoints):
+        try:
+            result = read_record(evals.step(checkpoint).output_path_under(prefix)).result
+        except RecordNotAvailableError:
+            continue  # not evaluated yet
+        row: dict[str, Any] = {"step": checkpoint, "loss": result["loss"], "bpb": result.get("bpb")}
+        for name in sets:
+            row[f"{name}/loss"] = result["per_dataset"].get(name, {}).get("loss")
+            row[f"{name}/bpb"] = result["per_dataset"].get(name, {}).get("bpb")
+        rows.append(dg.TableRecord({k: v for k, v in row.items() if v is not None}))
+    columns = [dg.TableColumn("step", "int"), dg.TableColumn("loss", "float"), dg.TableColumn("bpb", "float")]
+    columns += [dg.TableColumn(f"{n}/{m}", "float") for n in sets for m in ("loss", "bpb")]
+    return dg.MetadataValue.table(rows, schema=dg.TableSchema(columns))
+
+
+def checkpoint_evals_asset(evals: CheckpointEvals) -> dg.AssetsDefinition:
+    """The partitioned asset: partition `N` evaluates checkpoint step N (made by `step_asset`)."""
+    partitions = partitions_of(evals)
+
+    def summary(partition: str, outcome: StepOutcome, context: dg.AssetExecutionContext) -> dict[str, Any]:
+        checkpoint = int(partition)
+        prefix, _ = storage_settings(context.resources.storage)
+        known = {int(k) for k in context.instance.get_dynamic_partitions(partitions.name)}
+        result = outcome.record.result
+        return {  # numbers per partition: Dagster plots them against the partitions
+            "checkpoint_step": checkpoint, "loss": result["loss"],
+            **({"bpb": result["bpb"]} if result.get("bpb") is not None else {}),
+            "all_checkpoints": results_table(evals, sorted(known | {checkpoint}), prefix),
+        }
+
+    template = dataclasses.replace(
+        evals.step(0),
+        description=f"Loss and bits per byte of every checkpoint of `{evals.train.name}` on"
+                    f" {', '.join(sorted(evals.validation))}, one partition per checkpoint step, added by the"
+                    " checkpoint sensor as each lands. Made by `marin_assets.pipeline.evaluate.evaluate_lm`.")
+    family = Partitioned(name=evals.name, partitions_def=partitions, step_for=lambda key: evals.step(int(key)),
+                         code_version=evals.hash, deps=[evals.train, *evals.validation.values()], summary=summary)
+    return step_asset(template, partitioned=family)
+
+
+def checkpoint_sensor(
+    evals: Sequence[CheckpointEvals],
+    *,
+    name: str = "marin_checkpoint_evals",
+    minimum_interval_seconds: int = 60,
+    default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
+) -> dg.SensorDefinition:
+    """Request one evaluation per new complete, permanent checkpoint of each watched training run.
+
+    The cursor keeps the checkpoint steps seen per training identity, so a restarted daemon
+    neither repeats nor misses one; run keys make a repeat impossible even without it.
+    Temporary checkpoints (saved by time, deleted at the next save) are seen but not evaluated.
+    """
+
+    @dg.sensor(
+        name=name,
+        asset_selection=dg.AssetSelection.assets(*[asset_key(e.name) for e in evals]),
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=default_status,
+        description="Evaluates each checkpoint of a training run as soon as it is completely written.",
+    )
+    def evaluate_new_checkpoints(context: dg.SensorEvaluationContext, storage: StorageResource) -> dg.SensorResult:
+        prefix, _ = storage_settings(storage)
+        seen: dict[str, list[int]] = json.loads(context.cursor) if context.cursor else {}
+        runs, partitions = [], []
+        for e in evals:
+            partitions_name = partitions_of(e).name
+            known = set(seen.get(partitions_name, []))
+            found = list_checkpoints(run_dir_of(e.train.output_path_under(prefix)), known)
+            new = sorted(step for step, temporary in found.items() if not temporary)
+            if new:
+                partitions.append(partitions_of(e).build_add_request([str(s) for s in new]))
+                runs += [dg.RunRequest(run_key=f"{partitions_name}:{s}", asset_selection=[asset_key(e.name)], partition_key=str(s),
+                                       tags={CHECKPOINT_TAG: str(s)}) for s in new]
+            if found:
+                seen[partitions_name] = sorted(known | set(found))
+        return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=partitions,
+                               cursor=json.dumps(seen, sort_keys=True),
+                               skip_reason=None if runs else "no new complete checkpoints")
+
+    return evaluate_new_checkpoints

@@ -1,0 +1,134 @@
+"""Run a step's function in a thread and relay what it prints and logs, line by line.
+
+Used on a Ray worker (`ray_runner`): the worker's stdout/stderr and root logger are captured
+into a queue and streamed back as batches of lines while the function runs, so the Dagster
+run log shows the step's progress live. Carriage-return progress lines (tqdm) are thinned to
+one per `PROGRESS_EVERY_S`. No Ray import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from marin_assets.core.materialize import run_in_process
+from marin_assets.core.step import Step
+
+PROGRESS_EVERY_S = 5.0
+"""Carriage-return progress lines (tqdm) are relayed at most this often."""
+
+_DONE = object()
+
+
+class _LineRelay(io.TextIOBase):
+    """A text stream that passes lines to a queue (and on to the original stream)."""
+
+    def __init__(self, lines: queue.Queue, original: Any):
+        self.lines, self.original = lines, original
+        self.buffer = ""
+        self.last_progress = 0.0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.original.write(text)
+        self.buffer += text
+        while "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            line = line.rsplit("\r", 1)[-1].rstrip()
+            if line:
+                self.lines.put(line)
+        if "\r" in self.buffer:
+            *done, self.buffer = self.buffer.split("\r")
+            latest = next((s.strip() for s in reversed(done) if s.strip()), "")
+            if latest and time.monotonic() - self.last_progress >= PROGRESS_EVERY_S:
+                self.last_progress = time.monotonic()
+                self.lines.put(latest)
+        return len(text)
+
+    def flush(self) -> None:
+        self.original.flush()
+
+
+class _QueueHandler(logging.Handler):
+    def __init__(self, lines: queue.Queue):
+        super().__init__(logging.INFO)
+        self.lines = lines
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.put(self.format(record))
+
+
+@contextlib.contextmanager
+def _relaying(lines: queue.Queue) -> Iterator[None]:
+    root = logging.getLogger()
+    handler, level = _QueueHandler(lines), root.level
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _LineRelay(lines, sys.stdout), _LineRelay(lines, sys.stderr)
+    root.addHandler(handler)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        sys.stdout, sys.stderr = saved
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_relaying(step: Step, output_path: str, prefix: str, env: dict[str, str], host: int = 0) -> Iterator[tuple]:
+    """Run the function in a thread; yield ("log", host, [lines]) as it prints, then ("result", host, value)."""
+    lines: queue.Queue = queue.Queue()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = run_in_process(step, output_path, prefix)
+        except BaseException as e:  # re-raised below, in the task's own thread
+            box["error"] = e
+        finally:
+            lines.put(_DONE)
+
+    with _environment(env), _relaying(lines):
+        thread = threading.Thread(target=target, name=f"marin-step-{step.name}", daemon=True)
+        thread.start()
+        done = False
+        while not done:
+            batch = [lines.get()]
+            deadline = time.monotonic() + 0.2
+            while batch[-1] is not _DONE and time.monotonic() < deadline:
+                try:
+                    batch.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            done = batch[-1] is _DONE
+            text = [b for b in batch if b is not _DONE]
+            if text:
+                yield ("log", host, text)
+    if "error" in box:
+        raise box["error"]
+    yield ("result", host, box.get("value"))

@@ -1,0 +1,53 @@
+"""Paths, settings and small helpers the tests share."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from marin_assets.core.lease import LeaseSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+FAST = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.5, poll_interval=0.05)
+"""Lease timing for tests: a dead holder is noticed in 1.5 s."""
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment plus `extra`, with the project root importable."""
+    env = dict(os.environ)
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def record_call(events_file: str, fn, output_path: str):
+    """Append the worker's pid to `events_file`, then run `fn`: counts calls across processes."""
+    with open(events_file, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return fn(output_path)
+
+
+def calls(events_file) -> list[int]:
+    """The pids `record_call` wrote, one per call."""
+    return [int(x) for x in Path(events_file).read_text().split()] if Path(events_file).exists() else []
+
+
+def corpus_and_tokenizer(root: Path, train_documents: int, validation_documents: int, seed: int, shards: int,
+                         vocab_size: int = 400) -> tuple[str, str]:
+    """A generated corpus under `root/raw` and a BPE tokenizer trained on it under `root/tok`."""
+    from marin_assets.pipeline.corpus import generate_corpus
+    from marin_assets.pipeline.tokenizer import train_tokenizer
+
+    raw = str(root / "raw")
+    generate_corpus(raw, train_documents=train_documents, validation_documents=validation_documents, seed=seed,
+                    shards=shards)
+    return raw, train_tokenizer(str(root / "tok"), raw, vocab_size=vocab_size).path
+
+
+def run_cli(*args, env, cwd=ROOT, check=True) -> subprocess.CompletedProcess:
+    """Run a command line (a real CLI) and fail the test with its output if it fails."""
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
