@@ -7,6 +7,7 @@ definition time, so that an unencodable attribute or a bad name fails where it w
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,33 @@ def validate_name(name: str) -> str:
     if problem:
         raise StepDefinitionError(f"invalid step name {name!r}: {problem}")
     return name
+
+
+def validate_override(step_name: str, override: str) -> None:
+    """An `override_output_path` must name a place: a relative path under the prefix (valid like a
+    name), an absolute path other than `/`, or a URL with a scheme and something after it."""
+    problem = None
+    if not isinstance(override, str) or not override.strip():
+        problem = "is empty"
+    elif override != override.strip():
+        problem = "has leading or trailing whitespace"
+    elif "://" in override:
+        scheme, _, rest = override.partition("://")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.\-]*", scheme):
+            problem = f"has no valid URL scheme before '://' (got {scheme!r})"
+        elif not rest.strip("/"):
+            problem = f"is a bare '{scheme}://' that names no bucket or folder"
+    elif override.startswith("/"):
+        if not override.strip("/"):
+            problem = "is the root folder '/'"
+    else:
+        try:
+            validate_name(override.rstrip("/"))
+        except StepDefinitionError as e:
+            problem = (f"must stay under the prefix ({str(e).split(': ', 1)[1]}); give an absolute path or URL to"
+                       " adopt data elsewhere")
+    if problem:
+        raise StepDefinitionError(f"step {step_name!r}: override_output_path {override!r} {problem}")
 
 
 @dataclass(frozen=True)
@@ -107,14 +135,8 @@ class Step:
         validate_name(self.name)
         if not callable(self.fn):
             raise StepDefinitionError(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
-        override = self.override_output_path
-        if override is not None and not (override.startswith("/") or "://" in override):
-            try:
-                validate_name(override.rstrip("/"))
-            except StepDefinitionError as e:
-                raise StepDefinitionError(f"step {self.name!r}: override_output_path {override!r} must stay under the"
-                                          f" prefix ({str(e).split(': ', 1)[1]}); give an absolute path or URL to"
-                                          " adopt data elsewhere") from None
+        if self.override_output_path is not None:
+            validate_override(self.name, self.override_output_path)
         if self.source_version is not None and not callable(self.source_version):
             raise StepDefinitionError(f"step {self.name!r}: source_version must be callable or None")
         deps = tuple(self.deps)
@@ -165,6 +187,16 @@ class Step:
     def __hash__(self) -> int:
         return hash((self.name, self.hash))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled — for a Ray worker, say — as a reference: its place in the graph, not its function.
+
+        A worker runs one step's `fn` (sent on its own); the steps that function reads are
+        needed only for their paths and typed fields. So a pickled step keeps every field but
+        `fn`, `checks` and `source_version`, and the graph under it is sent as one flat list
+        (`_flatten`): a chain thousands of steps deep pickles without deep recursion.
+        """
+        return (_rebuild, (_flatten(self),))
+
 
 def made_by(fn: Callable[..., Any]) -> str:
     """A step description: what `fn`'s docstring says it makes, and where `fn` is."""
@@ -176,31 +208,116 @@ def made_by(fn: Callable[..., Any]) -> str:
 def walk(steps: Sequence[Step]) -> list[Step]:
     """All steps reachable from `steps`, dependencies first, each identity once.
 
+    Iterative (an explicit stack), so a graph thousands of steps deep walks like a wide one.
     Two different steps (different hashes) with one name are an error: they would be one
     asset key with two meanings.
     """
     order: list[Step] = []
     seen: dict[str, Step] = {}
-    visiting: set[int] = set()
 
-    def visit(step: Step) -> None:
+    def check(step: Step) -> bool:
+        """True if `step` was already placed; raises if another step has its name."""
         known = seen.get(step.name)
-        if known is not None:
-            if known.hash != step.hash:
-                raise StepDefinitionError(
-                    f"two different steps are named {step.name!r} (hashes {known.hash} and"
-                    f" {step.hash}); give them different names"
-                )
-            return
-        if id(step) in visiting:  # pragma: no cover - frozen steps cannot form cycles
-            raise StepDefinitionError(f"dependency cycle through {step.name!r}")
-        visiting.add(id(step))
-        for dep in step.deps:
-            visit(dep)
-        visiting.discard(id(step))
-        seen[step.name] = step
-        order.append(step)
+        if known is None:
+            return False
+        if known.hash != step.hash:
+            raise StepDefinitionError(
+                f"two different steps are named {step.name!r} (hashes {known.hash} and"
+                f" {step.hash}); give them different names"
+            )
+        return True
 
-    for step in steps:
-        visit(step)
+    for root in steps:
+        if check(root):
+            continue
+        stack: list[tuple[Step, int]] = [(root, 0)]
+        while stack:
+            step, next_dep = stack[-1]
+            if next_dep < len(step.deps):
+                stack[-1] = (step, next_dep + 1)
+                dep = step.deps[next_dep]
+                if not check(dep):
+                    stack.append((dep, 0))
+                continue
+            stack.pop()
+            if not check(step):  # a diamond may have placed it meanwhile
+                seen[step.name] = step
+                order.append(step)
     return order
+
+
+# --- pickling as a reference (Step.__reduce__) ------------------------------------------------
+
+_NOT_SENT = ("fn", "checks", "source_version")
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """Index of a step in a flattened graph."""
+
+    index: int
+
+
+def _not_here(output_path: str) -> None:
+    raise RuntimeError(f"this step was received as a reference (its output is {output_path}); its function runs"
+                       " only where it is materialized")
+
+
+def _step_refs(value: Any) -> list[Step]:
+    """The steps a field value holds: a step, or a sequence of steps (deps)."""
+    if isinstance(value, Step):
+        return [value]
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, Step) for v in value):
+        return list(value)
+    return []
+
+
+def _flatten(root: Step) -> list[tuple[type, dict[str, Any], str]]:
+    """Every step reachable from `root` through its fields, dependencies first, root last, as
+    (class, fields with steps replaced by `_Ref`s, hash). Iterative: no depth limit."""
+    index: dict[int, int] = {}
+    records: list[tuple[type, dict[str, Any], str]] = []
+    stack: list[tuple[Step, bool]] = [(root, False)]
+    while stack:
+        step, expanded = stack.pop()
+        if id(step) in index:
+            continue
+        fields = [f.name for f in dataclasses.fields(step) if f.name not in _NOT_SENT]
+        if not expanded:
+            stack.append((step, True))
+            stack.extend((s, False) for f in fields for s in _step_refs(getattr(step, f)) if id(s) not in index)
+            continue
+
+        def ref(value: Any) -> Any:
+            held = _step_refs(value)
+            if not held:
+                return value
+            refs = [_Ref(index[id(s)]) for s in held]
+            return refs[0] if isinstance(value, Step) else tuple(refs)
+
+        index[id(step)] = len(records)
+        records.append((type(step), {f: ref(getattr(step, f)) for f in fields}, step.hash))
+    return records
+
+
+def _rebuild(records: list[tuple[type, dict[str, Any], str]]) -> Step:
+    """The root of a flattened graph, as reference steps (no function, no checks)."""
+    built: list[Step] = []
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, _Ref):
+            return built[value.index]
+        if isinstance(value, tuple) and value and all(isinstance(v, _Ref) for v in value):
+            return tuple(built[v.index] for v in value)
+        return value
+
+    for cls, fields, digest in records:
+        step = object.__new__(cls)
+        for name, value in fields.items():
+            object.__setattr__(step, name, resolve(value))
+        object.__setattr__(step, "fn", _not_here)
+        object.__setattr__(step, "checks", ())
+        object.__setattr__(step, "source_version", None)
+        object.__setattr__(step, "_hash", digest)
+        built.append(step)
+    return built[-1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -46,6 +47,7 @@ def build_definitions(
     prefix = getattr(storage, "prefix", None) or default_prefix()
     extra_kinds = ["gcs"] if prefix.startswith("gs://") else []
     all_steps = walk(steps)
+    allow_recursion_for(all_steps)
     check_unique_names(all_steps, ["/".join(k.path) for a in extra_assets for k in a.keys])
     drift = drifts_from_instance(all_steps) if describe_drift else None
     with collector_paused():
@@ -55,6 +57,24 @@ def build_definitions(
             prebuild(definitions)
             gc.freeze()
     return definitions
+
+
+def graph_depth(steps: Sequence[Step]) -> int:
+    """The longest dependency chain among `steps` (given dependencies first, as `walk` returns them)."""
+    depth: dict[str, int] = {}
+    for step in steps:
+        depth[step.name] = 1 + max((depth.get(d.name, 0) for d in step.deps), default=0)
+    return max(depth.values(), default=0)
+
+
+def allow_recursion_for(steps: Sequence[Step]) -> None:
+    """Raise the interpreter's recursion limit (never lower it) so that Dagster can build the job of
+    a graph this deep: its graph code walks dependencies recursively, one or two frames per level
+    (a 3,000-step chain needs ~4,000). Our own walking, hashing and planning are iterative.
+    Python 3.11 runs Python-to-Python calls without growing the C stack, so the higher limit is safe."""
+    needed = 2 * graph_depth(steps) + 2000
+    if needed > sys.getrecursionlimit():
+        sys.setrecursionlimit(needed)
 
 
 @contextlib.contextmanager

@@ -31,15 +31,16 @@ def watched_sources(steps: Sequence[Step]) -> list[Step]:
 
 
 def downstream_of(step: Step, steps: Sequence[Step]) -> list[Step]:
-    """Steps among `steps` (and their deps) that read `step`, directly or not, in dependency order."""
-    reads: dict[Step, bool] = {}
+    """Steps among `steps` (and their deps) that read `step`, directly or not, in dependency order.
 
-    def reaches(s: Step) -> bool:
-        if s not in reads:
-            reads[s] = any(d == step or reaches(d) for d in s.deps)
-        return reads[s]
-
-    return [s for s in walk(steps) if reaches(s)]
+    One pass over `walk`'s order (dependencies first): no recursion, however deep the graph."""
+    reads: set[str] = set()
+    out = []
+    for s in walk(steps):
+        if any(d == step or d.name in reads for d in s.deps):
+            reads.add(s.name)
+            out.append(s)
+    return out
 
 
 def source_sensor(

@@ -13,11 +13,11 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from marin_assets.core.lease import LeaseLostError
 from marin_assets.core.step import Step
-from marin_assets.execution.relay import run_relaying
+from marin_assets.execution.relay import StepCall, run_relaying
 from marin_assets.execution.requests import RayRequest, check_feasible
 
 
@@ -36,20 +36,20 @@ def _remote_functions() -> tuple[Any, Any]:
     import ray
 
     @ray.remote(max_retries=0)
-    def step_task(step: Step, output_path: str, prefix: str, env: dict[str, str], host: int = 0):
-        yield from run_relaying(step, output_path, prefix, env, host)
+    def step_task(call: StepCall, output_path: str, prefix: str, env: dict[str, str], host: int = 0):
+        yield from run_relaying(call, output_path, prefix, env, host)
 
     @ray.remote(max_retries=0)
-    def slice_driver(step: Step, output_path: str, prefix: str, env: dict[str, str], request: RayRequest):
+    def slice_driver(call: StepCall, output_path: str, prefix: str, env: dict[str, str], request: RayRequest):
         """On worker 0 of a TPU slice: one task per host, pinned to this slice by its name."""
         from ray.util.tpu import get_current_pod_name
 
         pod = get_current_pod_name()
         if not pod:
-            raise RuntimeError(f"slice driver for {step.name!r} is not on a TPU host (no TPU name)")
+            raise RuntimeError(f"slice driver for {call.name!r} is not on a TPU host (no TPU name)")
         options = request.task_options()
         options["resources"] = {**options.get("resources", {}), pod: 1}
-        hosts = [step_task.options(**options).remote(step, output_path, prefix, env, host=i)
+        hosts = [step_task.options(**options).remote(call, output_path, prefix, env, host=i)
                  for i in range(request.hosts)]
         try:
             result = None
@@ -92,7 +92,21 @@ def _multiplex(generators: list, stop: threading.Event | None = None) -> Iterato
 
 # --- on the Dagster side ---------------------------------------------------------------------
 
-def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event, ray_resource: Any, log: Any) -> Any:
+class RayConnection(Protocol):
+    """Where to run: what the Dagster layer's Ray resource (or a test) provides."""
+
+    fail_fast: bool
+    """Reject at once a request no node can ever satisfy."""
+
+    def connect(self) -> None:
+        """Start or join Ray (once per process)."""
+
+    def worker_env(self) -> dict[str, str]:
+        """Environment variables every step's worker gets."""
+
+
+def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event, ray_resource: RayConnection,
+               log: Any) -> Any:
     """Run `step.fn(output_path)` on Ray; relay its output to `log`; return its result."""
     import ray
     from ray.exceptions import RaySystemError, RayTaskError, TaskCancelledError
@@ -106,9 +120,10 @@ def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event,
     name = f"{step.name_with_hash}".replace("/", ".")
     if request.hosts > 1:
         gen = slice_driver.options(name=name, num_cpus=0, resources={request.slice_head: 1}).remote(
-            step, output_path, prefix, env, request)
+            StepCall.of(step), output_path, prefix, env, request)
     else:
-        gen = step_task.options(name=name, **request.task_options()).remote(step, output_path, prefix, env)
+        gen = step_task.options(name=name, **request.task_options()).remote(StepCall.of(step), output_path, prefix,
+                                                                             env)
     log.info(f"{step.name}: running on Ray with {request.describe()}")
     try:
         for kind, host, payload in _multiplex([gen], stop):
@@ -138,6 +153,6 @@ def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event,
         raise
 
 
-def ray_runner(ray_resource: Any, log: Any) -> Callable[[Step, str, str, threading.Event], Any]:
+def ray_runner(ray_resource: RayConnection, log: Any) -> Callable[[Step, str, str, threading.Event], Any]:
     """A `run_fn` for `materialize_step` that runs on the given Ray resource."""
     return lambda step, output_path, prefix, stop: run_on_ray(step, output_path, prefix, stop, ray_resource, log)

@@ -16,14 +16,31 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from marin_assets.core.materialize import run_in_process
+from marin_assets.core.paths import using_prefix
 from marin_assets.core.step import Step
 
 PROGRESS_EVERY_S = 5.0
 """Carriage-return progress lines (tqdm) are relayed at most this often."""
+
+@dataclass(frozen=True)
+class StepCall:
+    """What a worker needs to run one step: its name (for logs) and its function.
+
+    The function is sent on its own because a pickled `Step` is only a reference to its place
+    in the graph (`Step.__reduce__`): the steps the function reads arrive without functions.
+    """
+
+    name: str
+    fn: Callable[[str], Any]
+
+    @classmethod
+    def of(cls, step: Step) -> StepCall:
+        return cls(step.name, step.fn)
+
 
 _DONE = object()
 
@@ -100,21 +117,23 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def run_relaying(step: Step, output_path: str, prefix: str, env: dict[str, str], host: int = 0) -> Iterator[tuple]:
+def run_relaying(call: StepCall, output_path: str, prefix: str, env: dict[str, str],
+                 host: int = 0) -> Iterator[tuple[str, int, Any]]:
     """Run the function in a thread; yield ("log", host, [lines]) as it prints, then ("result", host, value)."""
     lines: queue.Queue = queue.Queue()
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["value"] = run_in_process(step, output_path, prefix)
+            with using_prefix(prefix):  # the steps it reads resolve their paths under this prefix
+                box["value"] = call.fn(output_path)
         except BaseException as e:  # re-raised below, in the task's own thread
             box["error"] = e
         finally:
             lines.put(_DONE)
 
     with _environment(env), _relaying(lines):
-        thread = threading.Thread(target=target, name=f"marin-step-{step.name}", daemon=True)
+        thread = threading.Thread(target=target, name=f"marin-step-{call.name}", daemon=True)
         thread.start()
         done = False
         while not done:
