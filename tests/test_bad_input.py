@@ -62,6 +62,15 @@ CASES = {
     "duplicate_name": Case("two different steps with one name", r"two different steps are named 'raw/twin'"),
     "escaping_override": Case("an override escaping the prefix",
                               r"override_output_path '\.\./elsewhere' must stay under the prefix"),
+    "placeless_override": Case("an override that names no place",
+                               r"override_output_path 'gs://' is a bare 'gs://' that names no bucket or folder"),
+    "merged_names": Case("two names Dagster would make one",
+                         r"steps 'data/a-b' and 'data/a_b' would both be the Dagster op name 'data__a_b'"),
+    "sweep_duplicate": Case("a sweep grid point given twice",
+                            r"sweep 's': the grid point model 'small' × learning rate 0\.001 is also model 'small'"),
+    "sweep_collision": Case("sweep points with one run name",
+                            r"learning rate 0\.0010000001 and model 'small' × learning rate 0\.001 both get the run"
+                            r" name 's-small-lr0\.001'"),
     "infeasible_resources": Case("a resource request the cluster cannot satisfy",
                                  r"needs \{CPU=64\} on one node, which this cluster can never provide"),
     "disk_full": Case("a full disk during a write", r"No space left on device"),
@@ -217,6 +226,20 @@ def test_unencodable_hash_attrs_bad_names_duplicates_and_escaping_overrides():
     twin_a, twin_b = Step(name="raw/twin", fn=print, hash_attrs={"v": 1}), Step(name="raw/twin", fn=print)
     fails_at_definition("duplicate_name", lambda: walk([twin_a, twin_b]))
     fails_at_definition("escaping_override", lambda: Step(name="raw/x", fn=print, override_output_path="../elsewhere"))
+
+
+def test_placeless_overrides_merged_names_and_sweep_points():
+    from marin_assets import build_definitions
+    from marin_assets.pipeline.hello import stats_step
+    from marin_assets.pipeline.sweep import lr_model_sweep
+
+    fails_at_definition("placeless_override", lambda: Step(name="raw/x", fn=print, override_output_path="gs://"))
+    fails_at_definition("merged_names", lambda: build_definitions([Step(name="data/a-b", fn=print),
+                                                                   Step(name="data/a_b", fn=print)]))
+    small = ModelSpec(hidden_dim=32, intermediate_dim=64, num_heads=2, num_kv_heads=2)
+    data = {"n": stats_step("tokenized/n", numbers_step("raw/n", n=5))}
+    fails_at_definition("sweep_duplicate", lambda: lr_model_sweep("s", data, {"small": small}, [1e-3, 1e-3]))
+    fails_at_definition("sweep_collision", lambda: lr_model_sweep("s", data, {"small": small}, [1e-3, 1.0000001e-3]))
 
 
 def test_a_resource_request_the_cluster_cannot_satisfy(prefix, neighbour, local_ray):
