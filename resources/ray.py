@@ -86,7 +86,7 @@ class RayResource(ConfigurableResource):
                 _temp_dir=self.temp_dir or os.path.join(tempfile.gettempdir(), f"marin-ray-{os.getuid()}"),
             )
             ray.init(**options)
-            self._session_dir = _session_dir()
+            self._session_dir = session_dir()
         else:
             ray.init(address=self.address, **options)
         self._started_here = True
@@ -115,10 +115,19 @@ def _default_object_store() -> int:
     return int(min(max(total * 0.10, 256 * 2**20), 2 * 2**30))
 
 
-def _session_dir() -> str | None:
+def session_dir() -> str | None:
+    """The embedded Ray's session folder (`<temp dir>/session_<date>_<pid>`), so that `shutdown` can
+    delete it: Ray leaves its logs and sockets behind, one folder per run.
+
+    Pinned `ray==2.60.0`. This used the private `ray._private.worker._global_node.get_session_dir_path()`;
+    Ray 2.60's public `RuntimeContext.get_temp_dir()` and `get_session_name()` give the same path
+    (Ray's node joins exactly these two), so no private API is needed any more. The layout is
+    pinned by `tests/test_private_apis.py`. Best effort: None when it cannot be found.
+    """
     try:
         import ray
 
-        return ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001
+        context = ray.get_runtime_context()
+        return os.path.join(context.get_temp_dir(), context.get_session_name())
     except Exception:  # best effort: only used to tidy up
         return None

@@ -9,27 +9,41 @@ skipped and no run starts.
 from __future__ import annotations
 
 import dagster as dg
-from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
-from dagster._core.loader import LoadingContext
 
 UNSYNCED_TAG = "marin/unsynced"
 """Run tag: how many assets the tick found unsynced."""
 
 
-class _InstanceLoadingContext(LoadingContext):
-    """The batching cache the stale-status resolver reads the instance through, for one tick."""
+def stale_or_missing(instance: dg.DagsterInstance, repository_def: dg.RepositoryDefinition,
+                     keys: list[dg.AssetKey]) -> set[dg.AssetKey]:
+    """The `keys` Dagster itself calls STALE or MISSING (the UI's "unsynced"), read from `instance`.
 
-    def __init__(self, instance: dg.DagsterInstance):
-        self._instance = instance
-        self._loaders: dict = {}
+    Private API, pinned `dagster==1.13.27`: `CachingStaleStatusResolver` and the `LoadingContext` it
+    reads through (`dagster._core.definitions.data_version`, `dagster._core.loader`). No public API
+    answers this inside a schedule evaluation: `RunRequest(stale_assets_only=True)` narrows a
+    request only later, in the daemon (so a tick could neither skip nor say what it found), and the
+    automation conditions `code_version_changed()` / `missing()` compare with their previous
+    evaluation's cursor, not with the last materialization. Pinned by `tests/test_private_apis.py`.
+    """
+    from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+    from dagster._core.loader import LoadingContext
 
-    @property
-    def instance(self) -> dg.DagsterInstance:
-        return self._instance
+    class InstanceLoadingContext(LoadingContext):
+        """The batching cache the resolver reads the instance through, for one call."""
 
-    @property
-    def loaders(self) -> dict:
-        return self._loaders
+        def __init__(self) -> None:
+            self._loaders: dict = {}
+
+        @property
+        def instance(self) -> dg.DagsterInstance:
+            return instance
+
+        @property
+        def loaders(self) -> dict:
+            return self._loaders
+
+    resolver = CachingStaleStatusResolver(instance, repository_def.asset_graph, InstanceLoadingContext())
+    return {k for k in keys if resolver.get_status(k) in (StaleStatus.STALE, StaleStatus.MISSING)}
 
 
 def unsynced_keys(instance: dg.DagsterInstance, repository_def: dg.RepositoryDefinition,
@@ -37,9 +51,7 @@ def unsynced_keys(instance: dg.DagsterInstance, repository_def: dg.RepositoryDef
     """Unpartitioned assets of `selection` that are missing or stale, in key order."""
     graph = repository_def.asset_graph
     keys = [k for k in selection.resolve(graph) if not graph.get(k).is_partitioned]
-    resolver = CachingStaleStatusResolver(instance, graph, _InstanceLoadingContext(instance))
-    return sorted((k for k in keys if resolver.get_status(k) in (StaleStatus.STALE, StaleStatus.MISSING)),
-                  key=lambda k: k.to_user_string())
+    return sorted(stale_or_missing(instance, repository_def, keys), key=lambda k: k.to_user_string())
 
 
 def unsynced_schedule(

@@ -7,12 +7,12 @@ stopped. The finished sub-caches are then concatenated in this process into
 tasks ask for 4 CPUs and 6 GiB and wait forever. With `workers > 1` files are tokenized by
 parallel Ray tasks (across a cluster's nodes); with one, the Rust tokenizer already uses
 every core of the node. A cache is tied to its tokenizer: extending a cache built with
-another tokenizer is refused.
+another tokenizer is refused. Levanter is reached only through `levanter_cache` (which fences
+the private Levanter calls this needs) and only inside functions.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hashlib
 import json
@@ -20,7 +20,6 @@ import os
 import queue
 import threading
 import time
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +29,7 @@ from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
 from marin_assets.core.step import Resources, Step, made_by
+from marin_assets.pipeline import levanter_cache as lc
 from marin_assets.pipeline.text_files import DatasetError, expand_files, iter_documents
 from marin_assets.pipeline.tokenizer import load_hf_tokenizer
 
@@ -83,44 +83,17 @@ def check_tokenizer(output_path: str, tokenizer_path: str, fingerprint: str) -> 
     atomic_write(marker, json.dumps({"tokenizer": tokenizer_path, "fingerprint": fingerprint}).encode())
 
 
-def _levanter():
-    from levanter.data.text import BatchTokenizer
-    from levanter.store.cache import CacheLedger, CacheMetadata
-    from levanter.store.tree_store import TreeStore
-
-    return BatchTokenizer, CacheLedger, CacheMetadata, TreeStore
-
-
 @functools.lru_cache(maxsize=8)
 def _processor(tokenizer_path: str, text_field: str):
     """Levanter's tokenizing processor for a tokenizer folder, loaded once per process and path
     (a content-addressed tokenizer folder never changes)."""
-    BatchTokenizer, _, _, _ = _levanter()
-    return BatchTokenizer(load_hf_tokenizer(tokenizer_path), text_field=text_field,
-                          enforce_bos=True, enforce_eos=True)
+    return lc.batch_tokenizer(load_hf_tokenizer(tokenizer_path), text_field)
 
 
 def _commit(cache_dir: str, rows: int, shard_rows: dict, finished: list, done: bool, metadata):
-    _, CacheLedger, _, _ = _levanter()
-    ledger = CacheLedger(total_num_rows=rows, shard_rows=dict(shard_rows), is_finished=done,
-                         finished_shards=list(finished), field_counts={}, metadata=metadata)
-    ledger._serialize_and_commit(cache_dir)
+    ledger = lc.new_ledger(rows, shard_rows, finished, done, metadata)
+    lc.commit_ledger(cache_dir, ledger)
     return ledger
-
-
-def _load_ledger(cache_dir: str):
-    _, CacheLedger, _, _ = _levanter()
-    try:
-        return CacheLedger.load(cache_dir)
-    except FileNotFoundError:
-        return None
-
-
-def _expose_rows(store, rows: int) -> None:
-    """Set the committed row count (offsets[0]); rows written after the last commit are dropped."""
-    from levanter.store.cache import _expose_available_rows
-
-    _expose_available_rows(store, rows)
 
 
 def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str = "text",
@@ -129,20 +102,19 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
 
     Returns (documents, tokens).
     """
-    _, _, CacheMetadata, TreeStore = _levanter()
     processor = _processor(tokenizer_path, text_field)
-    metadata = CacheMetadata(preprocessor_metadata=processor.metadata)
+    metadata = lc.cache_metadata(processor)
     # Unique within the split even when two folders hold files of one name.
     shard = f"{os.path.basename(part_dir)}-{os.path.basename(file)}".replace(".", "_")
-    ledger = _load_ledger(part_dir)
+    ledger = lc.load_ledger(part_dir)
     if ledger is not None and ledger.is_finished:
-        store = TreeStore.open(processor.output_exemplar, part_dir, mode="r", cache_metadata=False)
+        store = lc.open_store(processor.output_exemplar, part_dir, mode="r")
         return ledger.total_num_rows, int(store.tree["input_ids"].data_size)
     if ledger is None:
         ledger = _commit(part_dir, 0, {shard: 0}, [], False, metadata)
-    store = TreeStore.open(processor.output_exemplar, part_dir, mode="a", cache_metadata=False)
+    store = lc.open_store(processor.output_exemplar, part_dir, mode="a")
     if len(store) > ledger.total_num_rows:  # crashed after writing, before committing
-        _expose_rows(store, ledger.total_num_rows)
+        lc.expose_rows(store, ledger.total_num_rows)
     skip = ledger.total_num_rows
 
     # Three stages overlap on separate cores: parsing (reader thread), tokenizing (here; the
@@ -213,12 +185,13 @@ def _encoder(processor, text_field: str):
     and nothing else needs doing — the Rust tokenizer directly, with identical output and
     without the Python-side conversions of the transformers wrapper. `encode_batch_fast`
     (tokenizers >= 0.21) skips the character offsets nobody here reads: ~25 % more tokens/s."""
-    fast = getattr(processor.tokenizer, "_tokenizer", None)
-    plain = (fast is not None and not processor._need_to_add_bos and not processor._need_to_add_eos
+    fast = lc.rust_tokenizer(processor)
+    framing = lc.tokenizer_framing(processor)
+    plain = (fast is not None and not framing.adds_bos and not framing.adds_eos
              and processor.padding is False and not processor.return_attention_mask)
     if not plain:
         return processor
-    limit = processor._workaround_len if processor._needs_long_sequence_workaround else None
+    limit = framing.long_text_limit
     encode_batch = getattr(fast, "encode_batch_fast", fast.encode_batch)
 
     def encode(batch: list[dict]) -> list[dict]:
@@ -232,50 +205,41 @@ def _encoder(processor, text_field: str):
 
 def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str, text_field: str = "text") -> None:
     """Concatenate finished sub-caches, in order, into one finished cache; resumable."""
-    from levanter.store.cache import (
-        _extend_cache_metadata_with_other,
-        _extend_cache_with_other_cache,
-    )
-
-    _, _, CacheMetadata, TreeStore = _levanter()
     processor = _processor(tokenizer_path, text_field)
     exemplar = processor.output_exemplar
-    ledger = _load_ledger(cache_dir)
+    ledger = lc.load_ledger(cache_dir)
     if ledger is not None and ledger.is_finished:
         return
     if ledger is None:
-        ledger = _commit(cache_dir, 0, {}, [], False, CacheMetadata(preprocessor_metadata=processor.metadata))
-    dest = TreeStore.open(exemplar, cache_dir, mode="a", cache_metadata=False)
+        ledger = _commit(cache_dir, 0, {}, [], False, lc.cache_metadata(processor))
+    dest = lc.open_store(exemplar, cache_dir, mode="a")
     if len(dest) > ledger.total_num_rows:
-        _expose_rows(dest, ledger.total_num_rows)
-    copier = types.SimpleNamespace(output_exemplar=exemplar)  # all Levanter's copy functions read
+        lc.expose_rows(dest, ledger.total_num_rows)
     for part in part_dirs:
-        part_ledger = _load_ledger(part)
+        part_ledger = lc.load_ledger(part)
         if part_ledger is None or not part_ledger.is_finished:
             raise RuntimeError(f"sub-cache {part} is not finished")
         if all(s in ledger.finished_shards for s in part_ledger.finished_shards):
             continue
         rows = ledger.total_num_rows
         offsets = {k: v.data_size for k, v in dest.tree.items()}
-        asyncio.run(_extend_cache_with_other_cache(cache_dir, part, copier, offsets, rows))
-        asyncio.run(_extend_cache_metadata_with_other(cache_dir, part, copier, offsets, rows))
-        _expose_rows(dest, rows + part_ledger.total_num_rows)
+        lc.append_cache(cache_dir, part, exemplar, offsets, rows)
+        lc.expose_rows(dest, rows + part_ledger.total_num_rows)
         ledger.total_num_rows += part_ledger.total_num_rows
         ledger.shard_rows.update(part_ledger.shard_rows)
         ledger.finished_shards.extend(part_ledger.finished_shards)
-        ledger._serialize_and_commit(cache_dir)
+        lc.commit_ledger(cache_dir, ledger)
     ledger.is_finished = True
-    ledger._serialize_and_commit(cache_dir)
+    lc.commit_ledger(cache_dir, ledger)
 
 
 def _finished_stats(cache_dir: str, tokenizer_path: str, text_field: str, files: int) -> SplitStats | None:
     """Counts of a split whose merged cache is already finished (a re-run after a late crash)."""
-    ledger = _load_ledger(cache_dir)
+    ledger = lc.load_ledger(cache_dir)
     if ledger is None or not ledger.is_finished:
         return None
-    _, _, _, TreeStore = _levanter()
     exemplar = _processor(tokenizer_path, text_field).output_exemplar
-    store = TreeStore.open(exemplar, cache_dir, mode="r", cache_metadata=False)
+    store = lc.open_store(exemplar, cache_dir, mode="r")
     return SplitStats(ledger.total_num_rows, int(store.tree["input_ids"].data_size), files)
 
 
