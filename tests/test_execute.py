@@ -119,7 +119,7 @@ def test_exception_keeps_its_type_and_marks_failed(prefix):
 
 def test_unrecordable_result_fails_clearly(prefix):
     step = Step(name="t/weird", fn=lambda out: object())
-    with pytest.raises(StepResultError, match="step 't/weird': cannot record a result of type object"):
+    with pytest.raises(StepResultError, match="step 't/weird': result is of type object, which cannot be recorded"):
         materialize_step(step, settings=FAST)
     assert read_status(step.output_path).status is Status.FAILED
 
