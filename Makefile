@@ -9,7 +9,7 @@ export JAX_PLATFORMS ?= cpu
 export HF_HUB_OFFLINE ?= 1
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install demo test dev bench lock clean
+.PHONY: install demo test lint dev bench lock clean
 
 install: $(STAMP) .env
 
@@ -45,6 +45,13 @@ dev: install $(DAGSTER_HOME)/dagster.yaml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# ruff (pyflakes, pycodestyle, import order, bugbear, pyupgrade), mypy (strict on the protocol),
+# and the import-layer contracts (pyproject.toml [tool.importlinter]).
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: install
 	$(BIN)/python bench/run.py

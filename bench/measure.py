@@ -6,7 +6,7 @@ import statistics
 
 
 def _summary(name: str, ours: list[float], reference: list[float], unit: str, goal: str, met: bool) -> dict:
-    ratios = [a / b for a, b in zip(ours, reference)]
+    ratios = [a / b for a, b in zip(ours, reference, strict=True)]
     ratio = statistics.median(ours) / statistics.median(reference)
     return {"measure": name, "ratio": round(ratio, 3), "spread": [round(min(ratios), 3), round(max(ratios), 3)],
             "ours": round(statistics.median(ours), 4), "reference": round(statistics.median(reference), 4),

@@ -77,10 +77,10 @@ def measure_tokenize(reps: int = 5, documents: int = 40_000) -> list[dict]:
 
     import ray
 
-    from marin_assets.core.materialize import materialize_step
     from marin_assets.core.lease import LeaseSettings
-    from marin_assets.execution.ray_runner import ray_runner
+    from marin_assets.core.materialize import materialize_step
     from marin_assets.core.step import Step
+    from marin_assets.execution.ray_runner import ray_runner
     from marin_assets.pipeline.text_files import expand_files, iter_documents
     from marin_assets.pipeline.tokenize import tokenize
     from marin_assets.pipeline.tokenizer import load_hf_tokenizer
@@ -163,10 +163,10 @@ print("SECONDS", time.perf_counter() - start)
 def measure_train(reps: int = 2, steps: int = 100) -> dict:
     import ray
 
-    from marin_assets.core.materialize import materialize_step
     from marin_assets.core.lease import LeaseSettings
-    from marin_assets.execution.ray_runner import ray_runner
+    from marin_assets.core.materialize import materialize_step
     from marin_assets.core.step import Step
+    from marin_assets.execution.ray_runner import ray_runner
     from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
     from marin_assets.pipeline.tokenize import tokenize
     from marin_assets.pipeline.tokenizer import load_hf_tokenizer

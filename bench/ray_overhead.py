@@ -35,8 +35,8 @@ def measure(reps: int = 7) -> list[dict]:
     import ray
 
     from marin_assets import Step
-    from marin_assets.core.materialize import materialize_step, run_in_process
     from marin_assets.core.lease import LeaseSettings
+    from marin_assets.core.materialize import materialize_step, run_in_process
     from marin_assets.execution.ray_runner import ray_runner
     from resources import RayResource
 

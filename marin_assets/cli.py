@@ -18,12 +18,12 @@ from typing import Any
 import dagster as dg
 from dotenv import dotenv_values
 
-from marin_assets.dagster.assets import STORAGE_KEY, storage_settings
-from marin_assets.dagster.definitions import steps_of
-from marin_assets.dagster.drift import previous_materializations
 from marin_assets.core.plan import plan
 from marin_assets.core.status import read_status
 from marin_assets.core.step import Step, walk
+from marin_assets.dagster.assets import STORAGE_KEY, storage_settings
+from marin_assets.dagster.definitions import steps_of
+from marin_assets.dagster.drift import previous_materializations
 from resources.storage import StorageResource
 
 

@@ -14,9 +14,9 @@ import fsspec
 import pytest
 
 from marin_assets import materialize_step
-from marin_assets.dagster.checkpoint_evals import CHECKPOINT_TAG
 from marin_assets.core.status import Status, read_status
 from marin_assets.core.step import walk
+from marin_assets.dagster.checkpoint_evals import CHECKPOINT_TAG
 from marin_assets.pipeline.train import list_checkpoints, run_dir_of
 from resources import StorageResource
 from tests.support import automation_pipeline as auto

@@ -3,18 +3,17 @@
 import functools
 import json
 import os
-import subprocess
 
 import dagster as dg
 import pytest
 
 from marin_assets import FORCE_TAG, build_assets, build_definitions, load_result
+from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.dagster.assets import step_of
 from marin_assets.dagster.definitions import steps_of
-from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.hello import Stats, numbers_step, stats_step
 from resources import StorageResource
-from tests.support.helpers import BIN, ROOT, calls, record_call, run_cli, subprocess_env
+from tests.support.helpers import BIN, calls, record_call, run_cli, subprocess_env
 
 
 def hello(n=20):

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from marin_assets.core.materialize import DependencyNotReadyError, materialize_step
 from marin_assets.core.lease import acquire
+from marin_assets.core.materialize import DependencyNotReadyError, materialize_step
 from marin_assets.core.plan import plan
 from marin_assets.core.record import (
     RECORD_FILE,

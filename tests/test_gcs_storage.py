@@ -13,8 +13,8 @@ from marin_assets import materialize_step, read_record
 from marin_assets.core.lease import Lease, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.status import GCSStatusStore, Status, StatusRecord, read_status, status_store
 from marin_assets.core.step import Step, walk
-from tests.support.helpers import BIN, ROOT, subprocess_env
 from tests.support.gcs_emulator import emulator_env
+from tests.support.helpers import BIN, ROOT, subprocess_env
 
 FAST = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.5, poll_interval=0.05)
 
@@ -58,9 +58,9 @@ def test_a_tokenize_step_writes_its_levanter_cache_to_gs(gs_prefix):
 
 
 def start_worker(prefix, events, sleep, env):
-    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "lease_worker.py"), prefix, str(events), "ok",
-                             str(sleep), "0.2", "1.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    worker = str(ROOT / "tests" / "support" / "lease_worker.py")
+    return subprocess.Popen([sys.executable, worker, prefix, str(events), "ok", str(sleep), "0.2", "1.5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def test_racing_processes_on_gs_compute_once(gs_prefix, tmp_path, gcs):

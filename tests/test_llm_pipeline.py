@@ -130,10 +130,9 @@ def test_the_whole_demo_graph_materializes_on_ray(prefix, local_ray, dagster_hom
 
 def test_changing_vocab_size_makes_everything_downstream_unsynced_and_plan_names_it(prefix, local_ray,
                                                                                     dagster_home, tmp_path):
-    from marin_assets.dagster.schedules import stale_or_missing
-
     from marin_assets.cli import previous_materializations
     from marin_assets.core.plan import plan
+    from marin_assets.dagster.schedules import stale_or_missing
 
     before = small_pipeline(vocab_size=400)
     defs = build_definitions([before["export"], before["evaluate"]])

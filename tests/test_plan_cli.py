@@ -5,8 +5,7 @@ import textwrap
 
 import pytest
 
-from tests.support.helpers import BIN, subprocess_env
-from tests.support.helpers import run_cli
+from tests.support.helpers import BIN, run_cli, subprocess_env
 
 DEFS = textwrap.dedent(
     """

@@ -19,8 +19,7 @@ import psutil
 import pytest
 
 from marin_assets.core.status import Status, read_status
-from tests.support.helpers import BIN, ROOT, subprocess_env
-from tests.support.helpers import run_cli
+from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env
 
 DEFS = textwrap.dedent(
     """

@@ -241,8 +241,8 @@ REFUSED = {
     "list_of_dataclasses": (lambda: [Point(1, 2.0)],
                             r"result\[0\] would load back as dict, not Point: a bare list"),
     "str_where_int_is_annotated": (lambda: Point("3", 1.0),
-                                   r"step 't/str_where_int_is_annotated': result\.x: expected int, got str '3' \(so it would not load"
-                                   r" back as Point\)"),
+                                   r"step 't/str_where_int_is_annotated': result\.x: expected int, got str '3'"
+                                   r" \(so it would not load back as Point\)"),
     "float_where_int_is_annotated": (lambda: Curve(1.0, [], 2.5), r"result\.steps: expected int, got float 2\.5"),
     "no_union_member_fits": (lambda: Loose([1], maybe="a"),
                              r"result\.maybe: str 'a' fits no member of int \| None"),

@@ -34,7 +34,7 @@ def files_containing(root: Path, needle: bytes) -> list[str]:
 def test_planted_secrets_reach_the_hub_but_no_record_metadata_or_log(tmp_path):
     repo = HubRepo("user/private", {"data/a.jsonl": '{"text": "private"}\n'}, private=True)
     (tmp_path / "defs.py").write_text(DEFS)
-    (tmp_path / "gcp-key.json").write_text('{"type": "service_account", "private_key": "%s"}' % GCP_KEY)
+    (tmp_path / "gcp-key.json").write_text('{"type": "service_account", "private_key": "' + GCP_KEY + '"}')
     home, prefix = tmp_path / "home", tmp_path / "outputs"
     ray_tmp = Path(tempfile.mkdtemp(prefix="mrs-", dir="/tmp"))  # short: Ray's socket paths have a length limit
     home.mkdir()

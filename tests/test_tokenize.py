@@ -55,7 +55,8 @@ def test_tokenize_counts_match_the_tokenizer(inputs, tmp_path):
 def test_killed_tokenize_resumes_instead_of_restarting(inputs, tmp_path):
     raw, tok, _ = inputs
     out = tmp_path / "c"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "tokenize_worker.py"), str(out), raw, tok],
+    worker = str(ROOT / "tests" / "support" / "tokenize_worker.py")
+    proc = subprocess.Popen([sys.executable, worker, str(out), raw, tok],
                             env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first_part = out / ".parts" / "train" / "00000" / "shard_ledger.json"
     third_part = out / ".parts" / "train" / "00002" / "shard_ledger.json"
@@ -80,7 +81,7 @@ def test_killed_tokenize_resumes_instead_of_restarting(inputs, tmp_path):
     tokenize(str(clean), raw, tok)
     resumed_rows, clean_rows = read_tokens(str(out / "train"), tok), read_tokens(str(clean / "train"), tok)
     assert len(resumed_rows) == len(clean_rows) == 6000
-    assert all(np.array_equal(a, b) for a, b in zip(resumed_rows, clean_rows))
+    assert all(np.array_equal(a, b) for a, b in zip(resumed_rows, clean_rows, strict=True))
 
 
 def test_reusing_a_cache_with_another_tokenizer_is_refused(inputs, tmp_path):
@@ -112,7 +113,7 @@ def test_files_fan_out_to_ray_tasks_with_identical_output(inputs, tmp_path, loca
     tokenize(str(tmp_path / "serial"), raw, tok, splits={"validation": ["validation/*"], "train": ["train/*"]})
     tokenize(str(tmp_path / "ray"), raw, tok, workers=2)
     a, b = read_tokens(str(tmp_path / "serial" / "train"), tok), read_tokens(str(tmp_path / "ray" / "train"), tok)
-    assert len(a) == len(b) == 6000 and all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert len(a) == len(b) == 6000 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_bad_input_through_the_step_names_the_asset_and_leaves_no_success(inputs, tmp_path, prefix):

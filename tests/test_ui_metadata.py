@@ -10,10 +10,10 @@ import xml.etree.ElementTree as ET
 import dagster as dg
 
 from marin_assets import build_definitions
+from marin_assets.core.record import to_jsonable
 from marin_assets.dagster.drift import drifts_from_instance
 from marin_assets.dagster.metadata import result_metadata
 from marin_assets.dagster.plots import INLINE_LIMIT, MAX_POINTS, line_plot_markdown
-from marin_assets.core.record import to_jsonable
 from marin_assets.pipeline.download import FILES_MATCH_RECORD, download_urls
 from marin_assets.pipeline.evaluate import EvalResult, every_set_evaluated
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -35,12 +36,13 @@ def read_bytes(url: str) -> bytes | None:
     """The file's bytes, or None if it does not exist."""
     fs, path = fsspec.core.url_to_fs(url)
     try:
-        return fs.cat_file(path)
+        data: bytes = fs.cat_file(path)
     except FileNotFoundError:
         return None
+    return data
 
 
-def open_file(url: str, mode: str = "r"):
+def open_file(url: str, mode: str = "r") -> Any:
     """Open a local path or fsspec URL; for writing, make the parent folder first (local disks need it)."""
     fs, path = fsspec.core.url_to_fs(url)
     if "w" in mode or "a" in mode:

@@ -58,6 +58,6 @@ def current_provenance(run_id: str | None) -> Provenance:
         user=user,
         host=socket.gethostname(),
         git_commit=git_commit(),
-        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created_at=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         command_line=redact_argv(list(sys.argv)),
     )

@@ -155,7 +155,7 @@ class GCSStatusStore:
         self.bucket = bucket
         self.name = f"{key.strip('/')}/{STATUS_FILE}" if key.strip("/") else STATUS_FILE
 
-    def _blob(self):
+    def _blob(self) -> Any:
         return _gcs_client().bucket(self.bucket).blob(self.name)
 
     def read(self) -> tuple[StatusRecord | None, Version]:
@@ -183,7 +183,7 @@ class GCSStatusStore:
 
 
 @functools.cache
-def _gcs_client():
+def _gcs_client() -> Any:
     from google.cloud import storage
 
     return storage.Client()

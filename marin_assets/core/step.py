@@ -162,7 +162,7 @@ class Step:
     @property
     def hash(self) -> str:
         """8 hex chars identifying exactly what produces this output."""
-        return self._hash  # type: ignore[attr-defined]
+        return str(self.__dict__["_hash"])
 
     @property
     def name_with_hash(self) -> str:
@@ -272,11 +272,11 @@ def _step_refs(value: Any) -> list[Step]:
     return []
 
 
-def _flatten(root: Step) -> list[tuple[type, dict[str, Any], str]]:
+def _flatten(root: Step) -> list[tuple[type[Step], dict[str, Any], str]]:
     """Every step reachable from `root` through its fields, dependencies first, root last, as
     (class, fields with steps replaced by `_Ref`s, hash). Iterative: no depth limit."""
     index: dict[int, int] = {}
-    records: list[tuple[type, dict[str, Any], str]] = []
+    records: list[tuple[type[Step], dict[str, Any], str]] = []
     stack: list[tuple[Step, bool]] = [(root, False)]
     while stack:
         step, expanded = stack.pop()
@@ -300,7 +300,7 @@ def _flatten(root: Step) -> list[tuple[type, dict[str, Any], str]]:
     return records
 
 
-def _rebuild(records: list[tuple[type, dict[str, Any], str]]) -> Step:
+def _rebuild(records: list[tuple[type[Step], dict[str, Any], str]]) -> Step:
     """The root of a flattened graph, as reference steps (no function, no checks)."""
     built: list[Step] = []
 
@@ -312,7 +312,7 @@ def _rebuild(records: list[tuple[type, dict[str, Any], str]]) -> Step:
         return value
 
     for cls, fields, digest in records:
-        step = object.__new__(cls)
+        step: Step = object.__new__(cls)
         for name, value in fields.items():
             object.__setattr__(step, name, resolve(value))
         object.__setattr__(step, "fn", _not_here)

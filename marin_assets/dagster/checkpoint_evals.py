@@ -105,14 +105,14 @@ def checkpoint_sensor(
         seen: dict[str, list[int]] = json.loads(context.cursor) if context.cursor else {}
         runs, partitions = [], []
         for e in evals:
-            partitions_name = partitions_of(e).name
+            partitions_name = partitions_of(e).name or e.name
             known = set(seen.get(partitions_name, []))
             found = list_checkpoints(run_dir_of(e.train.output_path_under(prefix)), known)
             new = sorted(step for step, temporary in found.items() if not temporary)
             if new:
                 partitions.append(partitions_of(e).build_add_request([str(s) for s in new]))
-                runs += [dg.RunRequest(run_key=f"{partitions_name}:{s}", asset_selection=[asset_key(e.name)], partition_key=str(s),
-                                       tags={CHECKPOINT_TAG: str(s)}) for s in new]
+                runs += [dg.RunRequest(run_key=f"{partitions_name}:{s}", asset_selection=[asset_key(e.name)],
+                                       partition_key=str(s), tags={CHECKPOINT_TAG: str(s)}) for s in new]
             if found:
                 seen[partitions_name] = sorted(known | set(found))
         return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=partitions,

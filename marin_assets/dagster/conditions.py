@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from marin_assets.dagster.naming import asset_key
 from marin_assets.core.step import Step, walk
+from marin_assets.dagster.naming import asset_key
 
 AC = dg.AutomationCondition
 
@@ -29,7 +29,7 @@ def identity_changed() -> dg.AutomationCondition:
     """
     return (
         (AC.code_version_changed() | AC.newly_missing() | AC.any_deps_match(AC.data_version_changed()))
-        .since_last_handled()
+        .since_last_handled()  # type: ignore[misc]  # Dagster's generics: AssetKey vs AssetKey | AssetCheckKey
         & ~AC.any_deps_missing()
         & ~AC.any_deps_in_progress()
         & ~AC.in_progress()

@@ -10,11 +10,11 @@ from typing import Any
 
 import dagster as dg
 
+from marin_assets.core.paths import default_prefix
 from marin_assets.core.step import Step, walk
 from marin_assets.dagster.assets import RAY_KEY, STORAGE_KEY, build_assets, step_of
 from marin_assets.dagster.drift import drifts_from_instance
 from marin_assets.dagster.naming import check_unique_names
-from marin_assets.core.paths import default_prefix
 from resources.ray import RayResource
 from resources.storage import StorageResource
 

@@ -48,7 +48,7 @@ def previous_materializations(names: Iterable[str], instance: dg.DagsterInstance
     for key, event in instance.get_latest_materialization_events(list(keys)).items():
         if event is None or event.asset_materialization is None:
             continue
-        md = {k: v.value for k, v in event.asset_materialization.metadata.items()}
+        md: dict[str, Any] = {k: v.value for k, v in event.asset_materialization.metadata.items()}
         out[keys[key]] = PreviousMaterialization(hash=md.get("hash"), output_path=md.get("output_path"),
                                                  hash_attrs=md.get("hash_attrs"), deps=md.get("deps"))
     return out

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from marin_assets.dagster.assets import FORCE_TAG, storage_settings
-from marin_assets.dagster.naming import asset_key
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.core.step import Step, walk
+from marin_assets.dagster.assets import FORCE_TAG, storage_settings
+from marin_assets.dagster.naming import asset_key
 from resources.storage import StorageResource
 
 SOURCE_VERSION_TAG = "marin/source_version"

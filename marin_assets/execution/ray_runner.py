@@ -72,7 +72,7 @@ def _remotes() -> tuple[Any, Any]:
     return _remote_functions()
 
 
-def _multiplex(generators: list, stop: threading.Event | None = None) -> Iterator[tuple]:
+def _multiplex(generators: list[Any], stop: threading.Event | None = None) -> Iterator[tuple]:
     """Items of several streaming generators as they come; errors propagate."""
     import ray
 
@@ -83,7 +83,7 @@ def _multiplex(generators: list, stop: threading.Event | None = None) -> Iterato
         ready, _ = ray.wait(pending, num_returns=1, timeout=0.5)
         for gen in ready:
             try:
-                ref = next(gen)
+                ref = next(gen)  # type: ignore[arg-type]  # a streaming generator: Ray's stubs say ObjectRef
             except StopIteration:
                 pending.remove(gen)
                 continue

@@ -3,13 +3,13 @@ cache → a tiny Llama → Hugging Face export → evaluation. `build()` makes s
 
 from __future__ import annotations
 
-from marin_assets.pipeline.evaluate import CheckpointEvals
 from marin_assets.core.step import Step
 from marin_assets.pipeline.corpus import corpus_step
-from marin_assets.pipeline.evaluate import evaluate_step, export_step
+from marin_assets.pipeline.evaluate import CheckpointEvals, evaluate_step, export_step
 from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.tokenize import tokenize_step
 from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
+from marin_assets.pipeline.train import TrainStep
 
 MODEL = ModelSpec(family="llama", hidden_dim=128, intermediate_dim=512, num_layers=2, num_heads=4, num_kv_heads=4,
                   seq_len=256)
@@ -35,7 +35,9 @@ def build(prefix: str = "tiny-stories", train_documents: int = 20_000, validatio
 
 def checkpoint_evals(pipeline: dict[str, Step], prefix: str = "tiny-stories") -> CheckpointEvals:
     """Every checkpoint of the training run, evaluated on the validation split as it lands."""
-    return CheckpointEvals(f"evals/{prefix}-llama-checkpoints", pipeline["train"], {"stories": pipeline["tokenized"]},
+    train = pipeline["train"]
+    assert isinstance(train, TrainStep), "train_step makes a TrainStep"
+    return CheckpointEvals(f"evals/{prefix}-llama-checkpoints", train, {"stories": pipeline["tokenized"]},
                            max_eval_batches=TRAINER.max_eval_batches)
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import fsspec
 
 from marin_assets.core.checks import Check, CheckOutcome
-from marin_assets.core.identity import identity_hash
 from marin_assets.core.files import open_file
+from marin_assets.core.identity import identity_hash
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step, made_by

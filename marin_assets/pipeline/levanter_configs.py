@@ -51,6 +51,7 @@ def write_reference_config(model: ModelSpec, vocab_size: int, directory: str) ->
     """A transformers config with the model's shape: Levanter's local 'reference checkpoint'."""
     import transformers
 
+    config: Any
     if model.family == "llama":
         config = transformers.LlamaConfig(
             hidden_size=model.hidden_dim, intermediate_size=model.intermediate_dim,

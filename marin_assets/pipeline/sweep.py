@@ -45,8 +45,8 @@ def lr_model_sweep(prefix: str, train: dict[str, Step], models: dict[str, ModelS
         points[(model, lr)] = runs[run] = (label, lr)
     steps: list[Step] = []
     for run, (label, lr) in runs.items():
-        trained = train_step(f"checkpoints/{run}", train, models[label], dataclasses.replace(optimizer, learning_rate=lr),
-                             trainer, validation=validation)
+        tuned = dataclasses.replace(optimizer, learning_rate=lr)
+        trained = train_step(f"checkpoints/{run}", train, models[label], tuned, trainer, validation=validation)
         steps.append(trained)
         if evaluate:
             steps.append(evaluate_step(f"evals/{run}", trained, {**train, **(validation or {})}))

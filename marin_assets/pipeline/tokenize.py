@@ -189,7 +189,7 @@ def _encoder(processor, text_field: str):
     framing = lc.tokenizer_framing(processor)
     plain = (fast is not None and not framing.adds_bos and not framing.adds_eos
              and processor.padding is False and not processor.return_attention_mask)
-    if not plain:
+    if fast is None or not plain:
         return processor
     limit = framing.long_text_limit
     encode_batch = getattr(fast, "encode_batch_fast", fast.encode_batch)
@@ -247,13 +247,13 @@ def _tokenize_files(files: Sequence[str], part_dirs: Sequence[str], tokenizer_pa
                     rows_per_commit: int, workers: int) -> list[tuple[int, int]]:
     if workers <= 1:
         return [tokenize_file(f, p, tokenizer_path, text_field, rows_per_commit=rows_per_commit)
-                for f, p in zip(files, part_dirs)]
+                for f, p in zip(files, part_dirs, strict=True)]
     import ray
 
     # A task blocked in ray.get gives its CPUs back to Ray, so these nested tasks cannot starve.
     remote = ray.remote(num_cpus=1, max_retries=0)(tokenize_file)
-    return ray.get([remote.remote(f, p, tokenizer_path, text_field, rows_per_commit=rows_per_commit)
-                    for f, p in zip(files, part_dirs)])
+    return ray.get([remote.remote(f, p, tokenizer_path, text_field,  # type: ignore[call-arg]  # Ray's stubs
+                                  rows_per_commit=rows_per_commit) for f, p in zip(files, part_dirs, strict=True)])
 
 
 def tokenize(output_path: str, dataset_path: str, tokenizer_path: str,

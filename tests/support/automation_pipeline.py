@@ -5,8 +5,8 @@ import dagster as dg
 
 from marin_assets import build_definitions
 from marin_assets.dagster import checkpoint_evals_asset, checkpoint_sensor
-from marin_assets.pipeline.evaluate import CheckpointEvals
 from marin_assets.experiments import tiny_stories
+from marin_assets.pipeline.evaluate import CheckpointEvals
 from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)

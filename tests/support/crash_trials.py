@@ -120,8 +120,9 @@ def trial(kind: str, root: Path, prefix: str, url: str, rng: random.Random, repo
     marker = root / f"{kind}.started"
     marker.unlink(missing_ok=True)
     ray_tmp = tempfile.mkdtemp(prefix="mcr-", dir="/tmp")  # short (Ray's socket paths), and marks its processes
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "crash_worker.py"), str(root), url, kind, prefix,
-                             str(marker), "ray" if on_ray else "local"],
+    worker = str(ROOT / "tests" / "support" / "crash_worker.py")
+    where = "ray" if on_ray else "local"
+    proc = subprocess.Popen([sys.executable, worker, str(root), url, kind, prefix, str(marker), where],
                             env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": ray_tmp}, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120

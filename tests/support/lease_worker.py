@@ -11,8 +11,8 @@ import time
 
 import fsspec
 
-from marin_assets.core.materialize import materialize_step
 from marin_assets.core.lease import LeaseLostError, LeaseSettings
+from marin_assets.core.materialize import materialize_step
 from marin_assets.core.paths import join_path
 from marin_assets.core.step import Step
 
