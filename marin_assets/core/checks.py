@@ -14,6 +14,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class CheckOutcome:
+    """What a check found: passed or not, one line for a person, and numbers to show."""
+
     passed: bool
     message: str
     """One line a researcher reads in the UI: what was found."""
@@ -36,6 +38,7 @@ class Check:
 
 
 def run_check(check: Check, output_path: str, result: Any) -> CheckOutcome:
+    """Run `check`; a check that raises has failed, with the error as its message."""
     try:
         return check.fn(output_path, result)
     except Exception as e:  # a check that cannot read what it checks has failed

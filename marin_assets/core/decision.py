@@ -44,6 +44,8 @@ class State(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Decision:
+    """What a materialization of one output does, the state it found, and why."""
+
     action: Action
     state: State
     reason: str

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LeaseSettings:
+    """How a lease behaves: heartbeat, when a silent holder counts as dead, how often to look."""
+
     heartbeat_interval: float = 30.0
     """Seconds between heartbeats of a holder."""
     stale_timeout: float = 90.0

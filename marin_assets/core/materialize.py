@@ -52,6 +52,8 @@ class DependencyNotReadyError(RuntimeError):
 
 @dataclass(frozen=True)
 class StepOutcome:
+    """What materializing a step did: where the output is, its record, cached or computed, how long."""
+
     step: Step
     output_path: str
     record: ArtifactRecord

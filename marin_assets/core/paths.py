@@ -42,6 +42,7 @@ def storage_prefix() -> str:
 
 @contextlib.contextmanager
 def using_prefix(prefix: str) -> Iterator[str]:
+    """Set the storage prefix for the duration of a `with` block (this context only)."""
     token = _active_prefix.set(normalize_prefix(prefix))
     try:
         yield _active_prefix.get()  # type: ignore[misc]

@@ -36,6 +36,8 @@ class PreviousMaterialization:
 
 @dataclass(frozen=True)
 class PlanRow:
+    """One asset of a plan: its output path and hash, what a run would do, and why."""
+
     asset_key: str
     output_path: str
     hash: str

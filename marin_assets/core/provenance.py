@@ -49,6 +49,7 @@ def git_commit() -> str | None:
 
 
 def current_provenance(run_id: str | None) -> Provenance:
+    """Who, where, from which commit and command this process makes an output now."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

@@ -41,6 +41,8 @@ class StepResultError(TypeError):
 
 @dataclass(frozen=True)
 class Provenance:
+    """Who made an output, where, when, from which commit and command line."""
+
     run_id: str | None
     """Dagster run id, when materialized by Dagster."""
     user: str
@@ -54,6 +56,8 @@ class Provenance:
 
 @dataclass(frozen=True)
 class ArtifactRecord:
+    """The content of `.artifact.json`: identity, dependencies, the typed result and provenance."""
+
     name: str
     hash: str
     hash_attrs: dict[str, Any]
@@ -86,6 +90,7 @@ class ArtifactRecord:
 
 
 def record_path(output_path: str) -> str:
+    """Where the record of the output at `output_path` lives."""
     return join_path(output_path, RECORD_FILE)
 
 

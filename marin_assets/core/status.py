@@ -32,6 +32,8 @@ LOCK_FILE = ".status.lock"
 
 
 class Status(str, enum.Enum):
+    """The three states of an output: being computed, complete, or failed."""
+
     RUNNING = "RUNNING"
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
@@ -72,6 +74,7 @@ class StatusRecord:
 
 
 def new_holder_id() -> str:
+    """A lease holder's name: `host:pid:random`, unique per acquisition attempt."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
@@ -80,6 +83,8 @@ Version = Any
 
 
 class StatusStore(Protocol):
+    """Reads and compare-and-swaps the status object of one output (local disk, GCS, best effort)."""
+
     def read(self) -> tuple[StatusRecord | None, Version]: ...
 
     def write_if(self, expected: Version, new: StatusRecord) -> Version | None:
@@ -200,4 +205,5 @@ def status_store(output_path: str) -> StatusStore:
 
 
 def read_status(output_path: str) -> StatusRecord | None:
+    """The status object of the output at `output_path`, or None if there is none."""
     return status_store(output_path).read()[0]

@@ -46,6 +46,7 @@ class CorpusFiles:
 
 
 def story(rng: random.Random) -> str:
+    """One synthetic story: a few sentences drawn from small word lists by `rng`."""
     a, b = rng.sample(NAMES, 2)
     animal, place, obj = rng.choice(ANIMALS), rng.choice(PLACES), rng.choice(OBJECTS)
     feeling, feeling2, verb = rng.choice(FEELINGS), rng.choice(FEELINGS), rng.choice(VERBS)
@@ -93,6 +94,7 @@ def generate_corpus(output_path: str, train_documents: int, validation_documents
 
 
 def corpus_step(name: str, train_documents: int, validation_documents: int, seed: int = 0, shards: int = 4) -> Step:
+    """A generated corpus of short stories (`train/` and `validation/` from different seeds)."""
     return Step(
         name=name,
         fn=lambda out: generate_corpus(out, train_documents, validation_documents, seed, shards),

@@ -32,6 +32,8 @@ class DownloadError(RuntimeError):
 
 @dataclass(frozen=True)
 class DownloadedFile:
+    """One file of a download: its path in the output, size and sha256."""
+
     path: str
     """Relative to the output."""
     size: int
@@ -42,6 +44,8 @@ class DownloadedFile:
 
 @dataclass(frozen=True)
 class Download:
+    """What a download copied: the source, the resolved revision, and every file."""
+
     source: str
     revision: str | None
     """The commit sha a Hugging Face revision resolved to; None for plain URLs."""
@@ -244,6 +248,7 @@ def _repo_info(repo_id: str, revision: str, repo_type: str, files_metadata: bool
 
 
 def is_commit_sha(revision: str) -> bool:
+    """True for a full 40-hex-digit git commit sha (a pinned revision that cannot move)."""
     return re.fullmatch(r"[0-9a-f]{40}", revision) is not None
 
 
@@ -290,6 +295,7 @@ def hf_download_step(name: str, repo_id: str, revision: str, include: Sequence[s
 
 
 def url_download_step(name: str, urls: Sequence[str]) -> Step:
+    """A copy of any fsspec URLs (`https://`, `gs://`, `s3://`, `hf://`, local paths, globs), resumable."""
     return Step(
         name=name,
         fn=lambda out: download_urls(out, urls),

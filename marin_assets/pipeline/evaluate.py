@@ -145,6 +145,7 @@ def _exists(url: str) -> bool:
 
 
 def every_set_evaluated(names: list[str]) -> Check:
+    """The check that every validation set got a finite loss."""
     def check(output_path: str, result: dict) -> CheckOutcome:
         values = {n: (result.get("per_dataset") or {}).get(n, {}).get("loss") for n in names}
         missing = [n for n, v in values.items() if not isinstance(v, (int, float)) or not math.isfinite(v)]

@@ -22,12 +22,16 @@ NUMBERS_FILE = "numbers.jsonl"
 
 @dataclass(frozen=True)
 class Numbers:
+    """How many numbers were written, and where."""
+
     count: int
     file: str
 
 
 @dataclass(frozen=True)
 class Stats:
+    """Count, mean and standard deviation of the numbers."""
+
     count: int
     mean: float
     std: float
@@ -69,6 +73,7 @@ def write_report(stats: Stats, title: str, output_path: str) -> str:
 
 
 def numbers_step(name: str, n: int, seed: int = 0) -> Step:
+    """The hello-world source: `n` random numbers from `seed`."""
     return Step(
         name=name,
         fn=lambda out: generate_numbers(out, n=n, seed=seed),
@@ -78,6 +83,7 @@ def numbers_step(name: str, n: int, seed: int = 0) -> Step:
 
 
 def stats_step(name: str, numbers: Step) -> Step:
+    """Statistics of a numbers step's output."""
     return Step(
         name=name,
         fn=lambda out: compute_stats(numbers.output_path, out),
@@ -87,6 +93,7 @@ def stats_step(name: str, numbers: Step) -> Step:
 
 
 def report_step(name: str, stats: Step, title: str) -> Step:
+    """A titled markdown report of a stats step's result."""
     return Step(
         name=name,
         fn=lambda out: write_report(load_result(stats, Stats), title, out),

@@ -67,6 +67,7 @@ def write_reference_config(model: ModelSpec, vocab_size: int, directory: str) ->
 
 
 def model_config(model: ModelSpec, reference: str, tokenizer: str):
+    """Levanter's model config for a `ModelSpec`, with its local reference checkpoint."""
     if model.family == "llama":
         from levanter.models.llama import LlamaConfig
 
@@ -88,6 +89,7 @@ def data_config(tokenizer: str, caches: dict[str, str], weights: dict[str, float
 
 def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_logger: str,
                    checkpoint_dir: str | None = None):
+    """Levanter's trainer config for a `TrainerSpec`: offline, JSON metrics, checkpoints under `checkpoint_root`."""
     import jmp
     from levanter.callbacks.watch import WatchConfig
     from levanter.checkpoint import CheckpointerConfig
@@ -115,6 +117,7 @@ def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_l
 
 
 def optimizer_config(optimizer: OptimizerSpec):
+    """Levanter's AdamW config for an `OptimizerSpec`."""
     from levanter.optim import AdamConfig
 
     return AdamConfig(learning_rate=optimizer.learning_rate, weight_decay=optimizer.weight_decay,

@@ -100,6 +100,7 @@ class MixtureSpec:
 
 
 def check_weights(weights: dict[str, float]) -> None:
+    """Mixture weights must be non-negative and not all zero (`SpecError` otherwise)."""
     if not weights:
         raise SpecError("a mixture needs at least one component")
     negative = {k: v for k, v in weights.items() if v < 0}

@@ -43,6 +43,8 @@ class TokenizerMismatchError(ValueError):
 
 @dataclass(frozen=True)
 class SplitStats:
+    """Documents, tokens and input files of one split of a cache."""
+
     documents: int
     tokens: int
     files: int

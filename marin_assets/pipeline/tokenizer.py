@@ -30,6 +30,8 @@ class TokenizerError(ValueError):
 
 @dataclass(frozen=True)
 class TokenizerInfo:
+    """A tokenizer folder: where it is, its vocabulary, EOS token and where it came from."""
+
     path: str
     vocab_size: int
     eos_token: str
@@ -121,6 +123,7 @@ def _brief(error: Exception, limit: int = 200) -> str:
 
 def bpe_tokenizer_step(name: str, dataset: Step, vocab_size: int, files: Sequence[str] = ("train/*",),
                        special_tokens: Sequence[str] = (EOS,), max_documents: int | None = None) -> Step:
+    """A byte-level BPE tokenizer trained on a dataset step's files."""
     return Step(
         name=name,
         fn=lambda out: train_tokenizer(out, dataset.output_path, vocab_size, files, special_tokens,
@@ -136,6 +139,7 @@ def bpe_tokenizer_step(name: str, dataset: Step, vocab_size: int, files: Sequenc
 
 
 def existing_tokenizer_step(name: str, name_or_path: str, revision: str | None = None) -> Step:
+    """A content-addressed copy of an existing tokenizer (a Hugging Face folder or hub name)."""
     return Step(
         name=name,
         fn=lambda out: adopt_tokenizer(out, name_or_path, revision),

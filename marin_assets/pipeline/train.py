@@ -179,6 +179,7 @@ def _copy_if_exists(url: str, local_path: str) -> None:
 
 def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: float,
               metrics_file: str | None = None) -> TrainResult:
+    """The `TrainResult` of a run, read from its metrics file and checkpoint folder."""
     from marin_assets.pipeline.levanter_configs import SUMMARY_STEP, read_metrics
 
     metrics = read_metrics(metrics_file or os.path.join(output_path, METRICS_FILE))
