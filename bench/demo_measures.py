@@ -10,7 +10,7 @@
     whose checks of the same names pass without looking (and, for information, ÷ no-op assets
     without checks); the order of the three rotates every repetition; wall and CPU time.
 
-`--quick` runs the same on the demo's graph at test size (`tests/ui_definitions.py`: same
+`--quick` runs the same on the demo's graph at test size (`tests/support/ui_definitions.py`: same
 assets, checks and metadata, a tiny corpus and model).
 """
 
