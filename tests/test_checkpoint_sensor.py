@@ -16,7 +16,7 @@ import pytest
 from marin_assets import materialize_step
 from marin_assets.core.status import Status, read_status
 from marin_assets.core.step import walk
-from marin_assets.dagster.checkpoint_evals import CHECKPOINT_TAG
+from marin_assets.dagster.checkpoint_evals import CHECKPOINT_TAG, partitions_of
 from marin_assets.pipeline.train import list_checkpoints, run_dir_of
 from resources import StorageResource
 from tests.support import automation_pipeline as auto
@@ -175,17 +175,17 @@ def test_under_the_daemon_every_checkpoint_is_evaluated_once_across_a_restart(da
     partitions = sorted(int(r.tags["dagster/partition"]) for r in runs)
     assert partitions == auto.CHECKPOINTS, partitions  # none lost across the restart, none twice
     assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs), [(r.run_id, r.status) for r in runs]
-    assert sorted(instance.get_dynamic_partitions(auto.evals.partitions_def.name), key=int) == [
+    assert sorted(instance.get_dynamic_partitions(partitions_of(auto.evals).name), key=int) == [
         str(s) for s in auto.CHECKPOINTS]
 
     # The cursor the daemon persisted holds every checkpoint seen; the restarted daemon's ticks
     # found nothing new. (A daemon stopped in the middle of a tick may lose that tick's cursor;
     # then Dagster drops the repeated requests by their run keys, which the count above shows.)
     [state] = [s for s in instance.all_instigator_state() if s.name == auto.sensor.name]
-    assert json.loads(state.instigator_data.cursor) == {auto.evals.partitions_def.name: auto.CHECKPOINTS}
+    assert json.loads(state.instigator_data.cursor) == {partitions_of(auto.evals).name: auto.CHECKPOINTS}
     assert "no new complete checkpoints" in (logs / "daemon2.log").read_text()
 
-    events = instance.fetch_materializations(auto.evals.key, limit=10).records
+    events = instance.fetch_materializations(dg.AssetKey(auto.evals.name.split("/")), limit=10).records
     by_step = {int(e.partition_key): e.asset_materialization.metadata for e in events}
     assert sorted(by_step) == auto.CHECKPOINTS
     assert all(m["checkpoint_step"].value == s for s, m in by_step.items())

@@ -1,6 +1,7 @@
 """The LLM steps for real on tiny inputs: train, resume after kill -9, export, per-checkpoint eval,
 bad settings, and the whole demo graph through Dagster on Ray."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -12,9 +13,9 @@ import time
 import dagster as dg
 import pytest
 
-from marin_assets import StepDefinitionError, build_definitions, load_result
+from marin_assets import StepDefinitionError, build_definitions, load_result, materialize_step
 from marin_assets.experiments import tiny_stories
-from marin_assets.pipeline.evaluate import EvalResult, evaluate_lm, export_hf
+from marin_assets.pipeline.evaluate import EvalResult, evaluate_lm, evaluate_step, export_hf
 from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, SpecError, TrainerSpec
 from marin_assets.pipeline.tokenize import tokenize
 from marin_assets.pipeline.train import (
@@ -126,6 +127,16 @@ def test_the_whole_demo_graph_materializes_on_ray(prefix, local_ray, dagster_hom
     assert trained.final_train_loss < trained.loss_curve[0][1]
     evaluation = load_result(pipeline["evaluate"], EvalResult)
     assert evaluation.step == 11 and evaluation.loss > 0
+    # Export and evaluation learn the model and tokenizer from the training step's typed result,
+    # not by searching its dependencies by kind: a cache of another kind (kind is not identity,
+    # so the training is the same, cached) exports and evaluates all the same.
+    assert trained.model == TINY and trained.tokenizer == pipeline["tokenizer"].output_path
+    other_kind = dataclasses.replace(pipeline["tokenized"], kind="pretokenized")
+    same_training = train_step("checkpoints/t-llama", {"stories": other_kind}, TINY, OptimizerSpec(), SHORT)
+    assert same_training.hash == pipeline["train"].hash
+    again = evaluate_step("evals/t-llama-again", same_training, {"stories": other_kind}, checkpoint_step=5,
+                          max_eval_batches=1)
+    assert materialize_step(again).record.result["step"] == 5
 
 
 def test_changing_vocab_size_makes_everything_downstream_unsynced_and_plan_names_it(prefix, local_ray,

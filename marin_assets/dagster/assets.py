@@ -27,7 +27,7 @@ from marin_assets.core.paths import default_prefix, using_prefix
 from marin_assets.core.step import Step, StepDefinitionError, made_by, walk
 from marin_assets.core.versions import data_version
 from marin_assets.dagster.drift import Drift
-from marin_assets.dagster.metadata import outcome_metadata
+from marin_assets.dagster.metadata import metadata_or_error, outcome_metadata, safe_metadata
 from marin_assets.dagster.naming import asset_key, check_unique_names, group_name, input_name, op_name
 from marin_assets.execution.ray_runner import ray_runner
 from resources.storage import StorageResource
@@ -48,7 +48,7 @@ class StepConfig(dg.Config):
 
 # Built once and shared by every step asset: inferring a schema per asset is most of the
 # load time of a large graph (bench/adapter_overhead.py).
-STEP_CONFIG_SCHEMA = StepConfig.to_config_schema()
+_STEP_CONFIG_SCHEMA = StepConfig.to_config_schema()
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Partitioned:
     """More metadata for a partition's materialization: `summary(partition_key, outcome, context)`."""
 
 
-def describe(step: Step) -> str:
+def _describe(step: Step) -> str:
     """The asset's description: the step's own, else what its function's docstring says."""
     if step.description:
         return step.description
@@ -86,7 +86,7 @@ def storage_settings(storage: StorageResource) -> tuple[str, LeaseSettings]:
     return prefix, LeaseSettings(storage.heartbeat_interval, storage.stale_timeout, storage.poll_interval)
 
 
-def recompute_reason(context: dg.AssetExecutionContext, step: Step) -> str | None:
+def _recompute_reason(context: dg.AssetExecutionContext, step: Step) -> str | None:
     """Why this run recomputes `step` even if its output exists: the op's `force` config or the
     run's `marin/force` tag; None otherwise."""
     if StepConfig(**context.op_execution_context.op_config).force:
@@ -104,11 +104,15 @@ def _materialize(step: Step, context: dg.AssetExecutionContext,
     prefix, settings = storage_settings(storage)
     outcome = materialize_step(
         step, prefix=prefix, settings=settings, run_id=context.run.run_id,
-        recompute=recompute_reason(context, step),
+        recompute=_recompute_reason(context, step),
         run_fn=ray_runner(getattr(context.resources, RAY_KEY), context.log), log=context.log,
     )
-    extra = extra_metadata(outcome) if extra_metadata else {}
-    return dg.MaterializeResult(metadata={**outcome_metadata(outcome), **extra},
+    # The output has succeeded whatever its result looks like: metadata that cannot be built or
+    # recorded becomes text saying why, never a failure of this run and every later (cached) one.
+    metadata = metadata_or_error("metadata", lambda: outcome_metadata(outcome))
+    if extra_metadata:
+        metadata.update(metadata_or_error("summary", lambda: extra_metadata(outcome)))
+    return dg.MaterializeResult(metadata=safe_metadata(metadata),
                                 data_version=dg.DataVersion(data_version(outcome.step, outcome.record)),
                                 check_results=_check_results(step, outcome, prefix, context))
 
@@ -130,11 +134,12 @@ def _check_results(step: Step, outcome: StepOutcome, prefix: str,
             found = run_check(check, outcome.output_path, outcome.record.result)
             results.append(dg.AssetCheckResult(check_name=check.name, passed=found.passed,
                                                severity=dg.AssetCheckSeverity.ERROR,
-                                               description=found.message, metadata=dict(found.metadata)))
+                                               description=found.message,
+                                               metadata=safe_metadata(dict(found.metadata))))
     return results
 
 
-def pool_of(step: Step) -> str | None:
+def _pool_of(step: Step) -> str | None:
     """The concurrency pool of a step needing accelerators (`tpu-v5e-16`, `gpu-H100`, `gpu`):
     the instance limits how many run at once (`dagster instance concurrency set <pool> N`)."""
     resources = step.resources
@@ -145,7 +150,7 @@ def pool_of(step: Step) -> str | None:
     return None
 
 
-def definition_metadata(step: Step) -> dict[str, Any]:
+def _definition_metadata(step: Step) -> dict[str, Any]:
     """What the asset's definition shows before any materialization: what identity covers."""
     resources = step.resources
     wants = [f"cpu={resources.cpu:g}"] + [f"{k}={v}" for k, v in
@@ -187,8 +192,8 @@ def step_asset(step: Step, automation_condition: dg.AutomationCondition | None =
 
     compute.marin_step = step  # type: ignore[attr-defined]  # read back by `step_of`
     compute.marin_partitioned = partitioned  # type: ignore[attr-defined]
-    metadata = definition_metadata(step) if partitioned is None else {}
-    description = describe(step)
+    metadata = _definition_metadata(step) if partitioned is None else {}
+    description = _describe(step)
     if drift is not None:
         metadata["changed_since_last_materialization"] = dg.MetadataValue.json(drift.to_json())
         description = f"{drift.markdown()}\n\n{description}"
@@ -203,10 +208,10 @@ def step_asset(step: Step, automation_condition: dg.AutomationCondition | None =
         outs={"result": dg.Out(code_version=code_version, description=description),
               **{name: dg.Out(dagster_type=None, is_required=True) for name in checks}},
         description=description,
-        config_schema=STEP_CONFIG_SCHEMA,
+        config_schema=_STEP_CONFIG_SCHEMA,
         required_resource_keys={STORAGE_KEY, RAY_KEY},
         code_version=code_version,
-        pool=pool_of(step),
+        pool=_pool_of(step),
     )
     spec = dg.AssetSpec(
         key,
