@@ -12,10 +12,10 @@ from marin_assets.core.plan import plan
 from marin_assets.core.record import (
     RECORD_FILE,
     RecordNotAvailableError,
-    StepResultError,
     load_result,
     read_record,
 )
+from marin_assets.core.results import StepResultError
 from marin_assets.core.status import Status, read_status, status_store
 from marin_assets.core.step import Step
 from marin_assets.pipeline.hello import Stats, numbers_step, stats_step

@@ -16,7 +16,8 @@ import pydantic
 import pytest
 
 from marin_assets.core.materialize import materialize_step
-from marin_assets.core.record import RECORD_FILE, StepResultError, from_jsonable, load_result
+from marin_assets.core.record import RECORD_FILE, load_result
+from marin_assets.core.results import StepResultError, from_jsonable
 from marin_assets.core.status import Status, read_status
 from marin_assets.core.step import Step
 from marin_assets.pipeline.specs import ModelSpec

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import dagster as dg
 
 from marin_assets import build_definitions
-from marin_assets.core.record import to_jsonable
+from marin_assets.core.results import to_jsonable
 from marin_assets.dagster.drift import drifts_from_instance
 from marin_assets.dagster.metadata import result_metadata
 from marin_assets.dagster.plots import INLINE_LIMIT, MAX_POINTS, line_plot_markdown

@@ -21,13 +21,8 @@ from marin_assets.core.identity import canonical
 from marin_assets.core.lease import Cached, Lease, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.paths import normalize_prefix, storage_prefix, using_prefix
 from marin_assets.core.provenance import current_provenance
-from marin_assets.core.record import (
-    ArtifactRecord,
-    encode_result,
-    read_record,
-    type_name,
-    write_record,
-)
+from marin_assets.core.record import ArtifactRecord, read_record, write_record
+from marin_assets.core.results import encode_result, type_name
 from marin_assets.core.status import (
     LOCK_FILE,
     STATUS_FILE,
