@@ -216,7 +216,9 @@ def test_session_dir_is_the_embedded_rays_session_folder(local_ray):
 
     path = session_dir()
     assert path is not None and os.path.isdir(path), f"session_dir() gave {path!r}, not a folder"
-    latest = os.path.join(os.path.dirname(path), "session_latest")
-    assert os.path.realpath(latest) == os.path.realpath(path), \
-        "RuntimeContext.get_temp_dir()/get_session_name() no longer name the folder session_latest points to"
+    # This Ray's own sockets live in its session folder (`session_latest` would not do: another
+    # process's Ray may have started since).
+    sockets = [n["ObjectStoreSocketName"] for n in local_ray.nodes() if n.get("Alive")]
+    assert sockets and all(os.path.realpath(s).startswith(os.path.realpath(path) + os.sep) for s in sockets), \
+        f"RuntimeContext.get_temp_dir()/get_session_name() no longer name this Ray's session folder ({sockets})"
     assert os.path.basename(path).startswith("session_") and os.path.isdir(os.path.join(path, "logs"))
