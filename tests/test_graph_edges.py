@@ -1,6 +1,7 @@
 """Edges of the graph a new user hits: thousands of steps deep, names Dagster would merge,
 overrides that name no place, sweeps with repeated or colliding grid points."""
 
+import functools
 import logging
 import os
 import pickle
@@ -31,8 +32,6 @@ def count_from(previous: Step | None, output_path: str) -> int:
 
 
 def chain(depth: int) -> list[Step]:
-    import functools
-
     steps: list[Step] = []
     for i in range(depth):
         previous = steps[-1] if steps else None

@@ -50,7 +50,7 @@ def canonical(value: Any, where: str = "hash_attrs") -> Any:
             f.name: canonical(getattr(value, f.name), f"{where}.{f.name}")
             for f in dataclasses.fields(value)
         }
-    if _is_pydantic_model(value):
+    if is_pydantic_model(value):
         return {
             name: canonical(getattr(value, name), f"{where}.{name}")
             for name in type(value).model_fields
@@ -97,8 +97,9 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def _is_pydantic_model(value: Any) -> bool:
-    return hasattr(type(value), "model_fields") and hasattr(value, "model_dump")
+def is_pydantic_model(value: Any) -> bool:
+    """A pydantic model instance (not the class), recognised without importing pydantic."""
+    return hasattr(type(value), "model_fields") and hasattr(value, "model_dump") and not isinstance(value, type)
 
 
 def _describe(value: Any) -> str:

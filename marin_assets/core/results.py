@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from marin_assets.core.identity import is_pydantic_model
+
 
 class StepResultError(TypeError):
     """The step function returned a value that cannot be recorded (or would not load back equal)."""
@@ -83,7 +85,7 @@ def to_jsonable(value: Any, where: str = "result") -> Any:
         return value.isoformat()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_jsonable(getattr(value, f.name), f"{where}.{f.name}") for f in dataclasses.fields(value)}
-    if _is_pydantic_model(value):
+    if is_pydantic_model(value):
         return {name: to_jsonable(getattr(value, name), f"{where}.{name}") for name in type(value).model_fields}
     shape = _array_shape(value)
     if shape == ():
@@ -315,7 +317,7 @@ def _first_difference(original: Any, loaded: Any, where: str) -> str | None:
             if found is not None:
                 return found
         return None
-    if _is_pydantic_model(original):
+    if is_pydantic_model(original):
         for name in type(original).model_fields:
             found = _first_difference(getattr(original, name), getattr(loaded, name), f"{where}.{name}")
             if found is not None:
@@ -380,7 +382,7 @@ def _same_kind(original: Any, loaded: Any) -> bool:
 
 def _is_record(value: Any) -> bool:
     """A dataclass instance or pydantic model: recorded field by field."""
-    return (dataclasses.is_dataclass(value) and not isinstance(value, type)) or _is_pydantic_model(value)
+    return (dataclasses.is_dataclass(value) and not isinstance(value, type)) or is_pydantic_model(value)
 
 
 def _is_plain_json(value: Any) -> bool:
@@ -411,10 +413,6 @@ def _cached_hints(tp: type) -> dict[str, Any]:
 def _expect(data: Any, kind: type, what: str, where: str) -> None:
     if not isinstance(data, kind):
         raise TypeError(f"{where}: expected {what}, got {_describe(data)}")
-
-
-def _is_pydantic_model(value: Any) -> bool:
-    return hasattr(type(value), "model_fields") and hasattr(value, "model_dump") and not isinstance(value, type)
 
 
 def _dumps(value: Any) -> str:

@@ -235,15 +235,17 @@ def build_assets(
     *,
     extra_kinds: Sequence[str] = (),
     drift: Mapping[str, Drift] | None = None,
+    other_names: Sequence[str] = (),
 ) -> list[dg.AssetsDefinition]:
     """Assets for `steps` and everything they depend on, each identity once.
 
-    Two names Dagster would turn into one op or input name are a `StepDefinitionError` naming
-    both. `automation`: steps that materialize themselves, with their condition (see
+    Two names Dagster would turn into one op or input name — among the steps, or a step and one
+    of `other_names` (other assets served beside them) — are a `StepDefinitionError` naming both.
+    `automation`: steps that materialize themselves, with their condition (see
     `marin_assets.dagster.conditions.automate`); `drift`: step name → its drift."""
     automation, drift = automation or {}, drift or {}
     steps = walk(steps)
-    check_unique_names(steps)
+    check_unique_names(steps, other_names)
     return [step_asset(step, automation.get(step), extra_kinds=extra_kinds, drift=drift.get(step.name))
             for step in steps]
 

@@ -30,9 +30,14 @@ from resources.storage import StorageResource
 CHECKPOINT_TAG = "marin/checkpoint"
 
 
-def partitions_of(evals: CheckpointEvals) -> dg.DynamicPartitionsDefinition:
+def partitions_name(evals: CheckpointEvals) -> str:
     """Partitions per training identity: a retrained model starts a fresh set."""
-    return dg.DynamicPartitionsDefinition(name=re.sub(r"[^A-Za-z0-9_]", "_", evals.train.name_with_hash))
+    return re.sub(r"[^A-Za-z0-9_]", "_", evals.train.name_with_hash)
+
+
+def partitions_of(evals: CheckpointEvals) -> dg.DynamicPartitionsDefinition:
+    """The dynamic partitions of `evals`' asset, one per evaluated checkpoint step."""
+    return dg.DynamicPartitionsDefinition(name=partitions_name(evals))
 
 
 def results_table(evals: CheckpointEvals, checkpoints: Sequence[int], prefix: str) -> dg.TableMetadataValue:
@@ -56,12 +61,10 @@ def results_table(evals: CheckpointEvals, checkpoints: Sequence[int], prefix: st
 
 def checkpoint_evals_asset(evals: CheckpointEvals) -> dg.AssetsDefinition:
     """The partitioned asset: partition `N` evaluates checkpoint step N (made by `step_asset`)."""
-    partitions = partitions_of(evals)
-
     def summary(partition: str, outcome: StepOutcome, context: dg.AssetExecutionContext) -> dict[str, Any]:
         checkpoint = int(partition)
         prefix, _ = storage_settings(context.resources.storage)
-        known = {int(k) for k in context.instance.get_dynamic_partitions(partitions.name)}
+        known = {int(k) for k in context.instance.get_dynamic_partitions(partitions_name(evals))}
         result = outcome.record.result
         return {  # numbers per partition: Dagster plots them against the partitions
             "checkpoint_step": checkpoint, "loss": result["loss"],
@@ -74,8 +77,9 @@ def checkpoint_evals_asset(evals: CheckpointEvals) -> dg.AssetsDefinition:
         description=f"Loss and bits per byte of every checkpoint of `{evals.train.name}` on"
                     f" {', '.join(sorted(evals.validation))}, one partition per checkpoint step, added by the"
                     " checkpoint sensor as each lands. Made by `marin_assets.pipeline.evaluate.evaluate_lm`.")
-    family = Partitioned(name=evals.name, partitions_def=partitions, step_for=lambda key: evals.step(int(key)),
-                         code_version=evals.hash, deps=[evals.train, *evals.validation.values()], summary=summary)
+    family = Partitioned(name=evals.name, partitions_def=partitions_of(evals),
+                         step_for=lambda key: evals.step(int(key)), code_version=evals.hash,
+                         deps=[evals.train, *evals.validation.values()], summary=summary)
     return step_asset(template, partitioned=family)
 
 
@@ -105,16 +109,16 @@ def checkpoint_sensor(
         seen: dict[str, list[int]] = json.loads(context.cursor) if context.cursor else {}
         runs, partitions = [], []
         for e in evals:
-            partitions_name = partitions_of(e).name or e.name
-            known = set(seen.get(partitions_name, []))
+            name = partitions_name(e)
+            known = set(seen.get(name, []))
             found = list_checkpoints(run_dir_of(e.train.output_path_under(prefix)), known)
             new = sorted(step for step, temporary in found.items() if not temporary)
             if new:
                 partitions.append(partitions_of(e).build_add_request([str(s) for s in new]))
-                runs += [dg.RunRequest(run_key=f"{partitions_name}:{s}", asset_selection=[asset_key(e.name)],
+                runs += [dg.RunRequest(run_key=f"{name}:{s}", asset_selection=[asset_key(e.name)],
                                        partition_key=str(s), tags={CHECKPOINT_TAG: str(s)}) for s in new]
             if found:
-                seen[partitions_name] = sorted(known | set(found))
+                seen[name] = sorted(known | set(found))
         return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=partitions,
                                cursor=json.dumps(seen, sort_keys=True),
                                skip_reason=None if runs else "no new complete checkpoints")

@@ -14,7 +14,6 @@ from marin_assets.core.paths import default_prefix
 from marin_assets.core.step import Step, walk
 from marin_assets.dagster.assets import RAY_KEY, STORAGE_KEY, build_assets, step_of
 from marin_assets.dagster.drift import drifts_from_instance
-from marin_assets.dagster.naming import check_unique_names
 from resources.ray import RayResource
 from resources.storage import StorageResource
 
@@ -48,10 +47,11 @@ def build_definitions(
     extra_kinds = ["gcs"] if prefix.startswith("gs://") else []
     all_steps = walk(steps)
     allow_recursion_for(all_steps)
-    check_unique_names(all_steps, ["/".join(k.path) for a in extra_assets for k in a.keys])
     drift = drifts_from_instance(all_steps) if describe_drift else None
+    other_names = ["/".join(k.path) for a in extra_assets for k in a.keys]
     with collector_paused():
-        assets = [*build_assets(all_steps, automation, extra_kinds=extra_kinds, drift=drift), *extra_assets]
+        assets = [*build_assets(all_steps, automation, extra_kinds=extra_kinds, drift=drift, other_names=other_names),
+                  *extra_assets]
         definitions = dg.Definitions(assets=assets, resources=all_resources, **definitions_kwargs)
         if len(assets) >= LARGE_GRAPH:
             prebuild(definitions)

@@ -299,13 +299,9 @@ class _Pruner:
 
 def _cell(value: Any) -> Any:
     """A table cell: str, int, float, bool or None, bounded; lists and mappings as their JSON."""
-    if value is None or isinstance(value, (bool, int)):
+    if value is None or isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
         return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else _text_of(value)
-    if isinstance(value, str):
-        return _cut(value, MAX_CELL_CHARS)
-    return _cut(json.dumps(_Pruner(10, MAX_CELL_CHARS, 100)(value)), MAX_CELL_CHARS)
+    return _cut(_text_of(value), MAX_CELL_CHARS)
 
 
 def _column_type(values: list[Any]) -> str:

@@ -189,9 +189,8 @@ def _encoder(processor, text_field: str):
     (tokenizers >= 0.21) skips the character offsets nobody here reads: ~25 % more tokens/s."""
     fast = lc.rust_tokenizer(processor)
     framing = lc.tokenizer_framing(processor)
-    plain = (fast is not None and not framing.adds_bos and not framing.adds_eos
-             and processor.padding is False and not processor.return_attention_mask)
-    if fast is None or not plain:
+    if (fast is None or framing.adds_bos or framing.adds_eos or processor.padding is not False
+            or processor.return_attention_mask):
         return processor
     limit = framing.long_text_limit
     encode_batch = getattr(fast, "encode_batch_fast", fast.encode_batch)
