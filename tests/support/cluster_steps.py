@@ -24,8 +24,10 @@ def on_each_host(output_path):
     import ray
 
     os.makedirs(output_path, exist_ok=True)
-    open(os.path.join(output_path, f"host-{os.getpid()}"), "w").close()
-    ids = ray.get_runtime_context().get_accelerator_ids().get("TPU", [])
+    context = ray.get_runtime_context()
+    # Named by the task, not the process: Ray may run both hosts' tasks in one reused worker.
+    open(os.path.join(output_path, f"host-{context.get_task_id()}"), "w").close()
+    ids = context.get_accelerator_ids().get("TPU", [])
     hosts = len([n for n in os.listdir(output_path) if n.startswith("host-")])
     return {"tpu_ids": ids, "hosts_seen": hosts, "pod": os.environ.get("TPU_NAME")}
 
