@@ -115,6 +115,22 @@ def load_hf_tokenizer(path: str):
             raise TokenizerError(f"tokenizer at {path} does not load: {_brief(e)}") from None
 
 
+def largest_token_id(tokenizer) -> int:
+    """The largest id any token of a transformers tokenizer has, added and special tokens included.
+
+    Real tokenizers are not contiguous (cl100k has no id 100256; Llama-3 reserves ranges), so this,
+    not `len(tokenizer)`, is what a model's embedding must cover.
+    """
+    ids = list(tokenizer.get_vocab().values()) + list(getattr(tokenizer, "added_tokens_decoder", {}))
+    return max(ids)
+
+
+def model_vocab_size(tokenizer_path: str, multiple: int = 1) -> int:
+    """The vocabulary a model trained on `tokenizer_path`'s ids needs: largest id + 1, rounded up to `multiple`."""
+    size = largest_token_id(load_hf_tokenizer(tokenizer_path)) + 1
+    return -(-size // multiple) * multiple
+
+
 def _brief(error: Exception, limit: int = 200) -> str:
     """The first line of an error, cut short: transformers lists every model type it knows."""
     text = (str(error).strip().splitlines() or [type(error).__name__])[0]
