@@ -2,7 +2,9 @@
 SUCCESS and no record, and does not touch a neighbouring output. docs/bad-input.md lists the
 same cases with the same messages (the last test holds the two together)."""
 
+import gzip
 import hashlib
+import io
 import json
 import os
 import re
@@ -43,6 +45,16 @@ CASES = {
     "malformed_json": Case("a malformed JSON line", r"a\.jsonl, line 2: malformed JSON"),
     "missing_text": Case("a document without the text field", r"a\.jsonl, line 1: no 'text' field"),
     "empty_dataset": Case("an empty dataset", r"split 'train' of .* has no documents"),
+    "not_an_object": Case("a JSON line that is not an object", r"a\.jsonl, line 2: a JSON array, not an object"),
+    "null_text": Case("a text field that is not text", r"a\.jsonl, line 1: 'text' is null, not text"),
+    "invalid_utf8": Case("invalid UTF-8 in a JSON line", r"a\.jsonl, line 1: invalid UTF-8 at byte 12 of the line"),
+    "truncated_gzip": Case("a truncated compressed file",
+                           r"a\.jsonl\.gz, line \d+: corrupt or truncated gzip data; lines 1-\d+ were read"),
+    "not_parquet": Case("a file that is not parquet", r"a\.parquet: not a readable parquet file"),
+    "no_text_column": Case("a parquet file without the text column",
+                           r"a\.parquet: no 'text' column \(columns: id, body\)"),
+    "plain_txt": Case("a .txt file with no text_format chosen",
+                      r"a\.txt: plain text; choose text_format='text-file' \(one document per file\) or 'text-lines'"),
     "unknown_revision": Case("an unknown Hugging Face revision", r"revision 'no-such-branch' not found"),
     "unreachable_url": Case("an unreachable URL", r"http://127\.0\.0\.1:9/data\.jsonl: unreachable"),
     "missing_path": Case("a local path that does not exist", r"no-such-folder: not found"),
@@ -128,18 +140,18 @@ def tokenizer_dir(tmp_path_factory):
     return corpus_and_tokenizer(root, train_documents=300, validation_documents=20, seed=3, shards=1)[1]
 
 
-def folder(tmp_path: Path, files: dict[str, str]) -> str:
+def folder(tmp_path: Path, files: dict[str, str | bytes]) -> str:
     root = tmp_path / "data"
     root.mkdir(exist_ok=True)
-    for name, text in files.items():
-        (root / name).write_text(text)
+    for name, content in files.items():
+        (root / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     return str(root)
 
 
-def tokenize_folder(tmp_path, tokenizer_dir, files, name):
+def tokenize_folder(tmp_path, tokenizer_dir, files, name, pattern="*.jsonl"):
     data = url_download_step(f"raw/{name}", [folder(tmp_path, files)])
     tok = existing_tokenizer_step("tokenizers/good", tokenizer_dir)
-    return [data, tok, tokenize_step(f"tokenized/{name}", data, tok, splits={"train": ["*.jsonl"]})]
+    return [data, tok, tokenize_step(f"tokenized/{name}", data, tok, splits={"train": [pattern]})]
 
 
 def test_malformed_json_line(tmp_path, prefix, neighbour, tokenizer_dir):
@@ -155,6 +167,34 @@ def test_missing_text_field(tmp_path, prefix, neighbour, tokenizer_dir):
 def test_empty_dataset(tmp_path, prefix, neighbour, tokenizer_dir):
     steps = tokenize_folder(tmp_path, tokenizer_dir, {"a.jsonl": ""}, "empty")
     fails_at_materialize("empty_dataset", steps, prefix)
+
+
+def truncated_gzip() -> bytes:
+    lines = "".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(20_000))
+    return gzip.compress(lines.encode())[:-1000]
+
+
+def parquet_bytes(**columns) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(pa.table(columns), sink)
+    return sink.getvalue()
+
+
+@pytest.mark.parametrize("case, file, content", [
+    ("not_an_object", "a.jsonl", '{"text": "ok"}\n[1, 2]\n'),
+    ("null_text", "a.jsonl", '{"text": null}\n'),
+    ("invalid_utf8", "a.jsonl", b'{"text": "b\xffd"}\n'),
+    ("truncated_gzip", "a.jsonl.gz", truncated_gzip()),
+    ("not_parquet", "a.parquet", "id,text\n1,hello\n"),
+    ("no_text_column", "a.parquet", parquet_bytes(id=[1], body=["x"])),
+    ("plain_txt", "a.txt", "hello\n"),
+])
+def test_unreadable_documents(tmp_path, prefix, neighbour, tokenizer_dir, case, file, content):
+    steps = tokenize_folder(tmp_path, tokenizer_dir, {file: content}, case.replace("_", "-"), pattern=file)
+    fails_at_materialize(case, steps, prefix)
 
 
 def test_unknown_hugging_face_revision(prefix, neighbour, monkeypatch):

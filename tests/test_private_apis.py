@@ -149,38 +149,6 @@ def test_append_cache_then_expose_concatenates(processor, tmp_path):
         "_extend_cache_with_other_cache + _extend_cache_metadata_with_other no longer concatenate caches"
 
 
-@pytest.mark.parametrize("frames_with_eos", [False, True])
-def test_tokenizer_framing_reads_BatchTokenizer__need_to_add_bos_eos(frames_with_eos):
-    tokenizer = hf_tokenizer(frames_with_eos)
-    processor = lc.batch_tokenizer(tokenizer, "text")
-    framing = lc.tokenizer_framing(processor)
-    eos = tokenizer.eos_token_id
-    emitted = [r["input_ids"] for r in processor([{"text": t} for t in TEXTS[:4]])]
-    plain = [e.ids for e in lc.rust_tokenizer(processor).encode_batch(TEXTS[:4])]
-    assert (framing.adds_bos, framing.adds_eos) == (not frames_with_eos, not frames_with_eos), \
-        "BatchTokenizer._need_to_add_bos/_need_to_add_eos no longer say whether Levanter adds BOS/EOS"
-    assert framing.long_text_limit is None, "BatchTokenizer._needs_long_sequence_workaround is set without a normalizer"
-    assert all(ids[0] == eos and ids[-1] == eos for ids in emitted), "BatchTokenizer no longer frames with BOS/EOS"
-    if frames_with_eos:  # what _encoder relies on: then Levanter's output is the Rust tokenizer's
-        assert emitted == plain, "BatchTokenizer edits text although _need_to_add_bos/_need_to_add_eos are False"
-    else:
-        assert emitted != plain and all(ids[0] != eos for ids in plain)
-
-
-def test_tokenizer_framing_reads_BatchTokenizer__workaround_len():
-    from levanter.data.text import BatchTokenizer
-    from tokenizers import normalizers
-
-    tokenizer = hf_tokenizer(True, normalizer=normalizers.Replace("\t", " "))
-    framing = lc.tokenizer_framing(lc.batch_tokenizer(tokenizer, "text"))
-    assert framing.long_text_limit is not None and framing.long_text_limit > 1000, \
-        "BatchTokenizer._needs_long_sequence_workaround/_workaround_len: a Replace normalizer no longer triggers it"
-    short = BatchTokenizer(tokenizer, enforce_bos=True, enforce_eos=True, _workaround_len=8)
-    assert lc.tokenizer_framing(short).long_text_limit == 8, "BatchTokenizer._workaround_len is no longer the limit"
-    assert short([{"text": "the cat"}]) == [{"input_ids": tokenizer("the cat")["input_ids"]}], \
-        "BatchTokenizer changes texts shorter than _workaround_len"
-
-
 def test_stale_or_missing_uses_CachingStaleStatusResolver():
     from marin_assets.dagster.schedules import stale_or_missing
 

@@ -14,10 +14,6 @@ pinned by a test in `tests/test_private_apis.py` (re-check them all when the pin
   cache's token data to another cache at a data offset (the builder's data copy, without Ray).
 - `levanter.store.cache._extend_cache_metadata_with_other` → `copy_cache_offsets`: append its
   row offsets, shifted by that data offset (the builder's metadata copy, without Ray).
-- `BatchTokenizer._need_to_add_bos`, `_need_to_add_eos`, `_workaround_len`,
-  `_needs_long_sequence_workaround` → `tokenizer_framing`: whether Levanter edits the text before
-  tokenizing; when it does not, we call the Rust tokenizer directly (~25 % more tokens/s) and
-  must know when its output would differ from Levanter's.
 
 Everything else here is public Levanter (re-exported so `tokenize.py` imports Levanter through
 this module only). Levanter (and with it jax) is imported inside functions: importing this module
@@ -28,14 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import types
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from levanter.data.text import BatchTokenizer
     from levanter.store.cache import CacheLedger, CacheMetadata
     from levanter.store.tree_store import TreeStore
-    from tokenizers import Tokenizer
 
 LEVANTER_VERSION = "1.2.dev1644"
 """The Levanter version whose internals this module was written against (pyproject.toml pins it)."""
@@ -83,11 +77,6 @@ def open_store(exemplar: dict, cache_dir: str, mode: str) -> TreeStore:
     return TreeStore.open(exemplar, cache_dir, mode=mode, cache_metadata=False)
 
 
-def rust_tokenizer(processor: BatchTokenizer) -> Tokenizer | None:
-    """The `tokenizers` object behind a transformers fast tokenizer (None for a slow one)."""
-    return getattr(processor.tokenizer, "backend_tokenizer", None)
-
-
 # --- private Levanter: one function per private name -------------------------------------------
 
 def commit_ledger(cache_dir: str, ledger: CacheLedger) -> None:
@@ -130,25 +119,3 @@ def append_cache(dest_dir: str, part_dir: str, exemplar: dict, offsets: dict[str
     then exposes the new rows and commits its ledger."""
     copy_cache_data(dest_dir, part_dir, exemplar, offsets, rows)
     copy_cache_offsets(dest_dir, part_dir, exemplar, offsets, rows)
-
-
-@dataclass(frozen=True)
-class TokenizerFraming:
-    """What Levanter's BatchTokenizer does to a document's text beyond calling the tokenizer."""
-
-    adds_bos: bool
-    """Levanter prepends the BOS token to the text (the tokenizer does not add one itself)."""
-    adds_eos: bool
-    """Levanter appends the EOS token to the text (the tokenizer does not add one itself)."""
-    long_text_limit: int | None
-    """Texts longer than this many characters are split, tokenized and rejoined (a workaround for a
-    `tokenizers` bug with Replace normalizers); None when no split is ever made."""
-
-
-def tokenizer_framing(processor: BatchTokenizer) -> TokenizerFraming:
-    """How `processor` frames documents (private: `_need_to_add_bos`, `_need_to_add_eos`,
-    `_needs_long_sequence_workaround`, `_workaround_len`)."""
-    limit = processor._workaround_len if processor._needs_long_sequence_workaround else None  # noqa: SLF001
-    return TokenizerFraming(adds_bos=bool(processor._need_to_add_bos),  # noqa: SLF001
-                            adds_eos=bool(processor._need_to_add_eos),  # noqa: SLF001
-                            long_text_limit=limit)

@@ -1,4 +1,4 @@
-"""Tokenize: a Levanter cache (train and validation splits) from a raw dataset and a tokenizer.
+"""Tokenize: a Levanter cache (one per split) from a raw dataset and a tokenizer, exact and fast.
 
 Each input file becomes its own sub-cache with its own ledger, committed every few thousand
 documents, so a crash loses at most one commit of one file and a re-run continues where it
@@ -6,39 +6,55 @@ stopped. The finished sub-caches are then concatenated in this process into
 `{output}/{split}` — Levanter's own Ray builder is not used: on a small cluster its copy
 tasks ask for 4 CPUs and 6 GiB and wait forever. With `workers > 1` files are tokenized by
 parallel Ray tasks (across a cluster's nodes); with one, the Rust tokenizer already uses
-every core of the node. A cache is tied to its tokenizer: extending a cache built with
-another tokenizer is refused. Levanter is reached only through `levanter_cache` (which fences
-the private Levanter calls this needs) and only inside functions.
+every core of the node.
+
+Documents are framed with BOS/EOS *ids* (`encoders.py`), and ids never become Python ints on the
+fast path: fastokens (when it agrees with Hugging Face `tokenizers` on a sample of this input)
+returns one buffer per batch, framed with numpy and written to the cache as a prepared batch.
+Reading and decompressing (a thread), tokenizing (Rust, off the GIL) and writing (a thread)
+overlap. A cache is tied to its tokenizer and framing: extending a cache built otherwise is
+refused. Levanter is reached only through `levanter_cache` and only inside functions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
-import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import fsspec
 
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
-from marin_assets.core.step import Resources, Step, made_by
+from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline import levanter_cache as lc
-from marin_assets.pipeline.text_files import DatasetError, expand_files, iter_documents
-from marin_assets.pipeline.tokenizer import load_hf_tokenizer
+from marin_assets.pipeline.encoders import BACKENDS, FRAMINGS, Framing, choose_backend, encoder
+from marin_assets.pipeline.text_files import (
+    DatasetError,
+    expand_files,
+    find_splits,
+    iter_text_batches,
+)
+from marin_assets.pipeline.tokenizer import largest_token_id, load_hf_tokenizer
 
 FINGERPRINT_FILE = "tokenizer_fingerprint.json"
 PARTS_DIR = ".parts"
+BATCH_CHARACTERS = 1 << 20
+"""Texts are encoded in batches of about this many characters (fastokens needs large batches)."""
+SAMPLE_DOCUMENTS = 256
+"""Documents read from the start of each of the first files to check backend parity."""
 
 
 class TokenizerMismatchError(ValueError):
-    """An existing cache was built with a different tokenizer."""
+    """An existing cache was built with a different tokenizer or framing."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +74,16 @@ class TokenizedCache:
     tokenizer: str
     tokenizer_fingerprint: str
     vocab_size: int
+    """Largest token id + 1: what a model's embedding must cover (tokenizers may have id gaps)."""
     splits: dict[str, SplitStats]
     tokens_per_second: float = 0.0
+    framing: Framing | None = None
+    """The ids around every document (None in records made before framing was explicit)."""
+    backend: str = ""
+    """`fastokens` or `tokenizers`: which implementation produced the ids."""
+    backend_reason: str = ""
+    """Why that backend: the parity check's outcome, or the user's request."""
+    text_format: str = "auto"
 
 
 def tokenizer_fingerprint(tokenizer_path: str) -> str:
@@ -70,10 +94,11 @@ def tokenizer_fingerprint(tokenizer_path: str) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def check_tokenizer(output_path: str, tokenizer_path: str, fingerprint: str) -> None:
-    """Refuse to touch a cache made with another tokenizer; claim an empty one for this one."""
+def check_tokenizer(output_path: str, tokenizer_path: str, fingerprint: str, framing: Framing | None = None) -> None:
+    """Refuse to touch a cache made with another tokenizer or framing; claim an empty one for these."""
     marker = join_path(output_path, FINGERPRINT_FILE)
     raw = read_bytes(marker)
+    framed = dataclasses.asdict(framing) if framing is not None else None
     if raw is not None:
         found = json.loads(raw)
         if found["fingerprint"] != fingerprint:
@@ -81,15 +106,19 @@ def check_tokenizer(output_path: str, tokenizer_path: str, fingerprint: str) -> 
                 f"the cache at {output_path} was built with tokenizer {found['tokenizer']} (fingerprint"
                 f" {found['fingerprint']}); refusing to reuse it with {tokenizer_path} (fingerprint {fingerprint})"
             )
+        if found.get("framing") != framed:
+            raise TokenizerMismatchError(f"the cache at {output_path} was built with framing {found.get('framing')};"
+                                         f" refusing to extend it with framing {framed}")
         return
-    atomic_write(marker, json.dumps({"tokenizer": tokenizer_path, "fingerprint": fingerprint}).encode())
+    atomic_write(marker, json.dumps({"tokenizer": tokenizer_path, "fingerprint": fingerprint,
+                                     "framing": framed}).encode())
 
 
 @functools.lru_cache(maxsize=8)
-def _processor(tokenizer_path: str, text_field: str):
-    """Levanter's tokenizing processor for a tokenizer folder, loaded once per process and path
-    (a content-addressed tokenizer folder never changes)."""
-    return lc.batch_tokenizer(load_hf_tokenizer(tokenizer_path), text_field)
+def _processor(tokenizer_path: str):
+    """Levanter's processor for a tokenizer folder: the cache's exemplar and the ledger metadata Levanter
+    compares when it loads the cache for training (loaded once per process and path)."""
+    return lc.batch_tokenizer(load_hf_tokenizer(tokenizer_path), "text")
 
 
 def _commit(cache_dir: str, rows: int, shard_rows: dict, finished: list, done: bool, metadata):
@@ -98,16 +127,35 @@ def _commit(cache_dir: str, rows: int, shard_rows: dict, finished: list, done: b
     return ledger
 
 
+def _text_batches(file: str, text_field: str, text_format: str, skip: int) -> Iterator[list[str]]:
+    """The file's documents after the first `skip`, in batches of about BATCH_CHARACTERS characters."""
+    batch: list[str] = []
+    size = 0
+    for texts in iter_text_batches(file, text_field=text_field, text_format=text_format, batch_size=1024, skip=skip):
+        for text in texts:
+            batch.append(text)
+            size += len(text)
+            if size >= BATCH_CHARACTERS:
+                yield batch
+                batch, size = [], 0
+    if batch:
+        yield batch
+
+
 def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str = "text",
-                  batch_size: int = 512, rows_per_commit: int = 8192) -> tuple[int, int]:
+                  rows_per_commit: int = 8192, text_format: str = "auto", framing: str = "bos_eos",
+                  backend: str = "tokenizers") -> tuple[int, int]:
     """One input file → one sub-cache with its own ledger; resumes from its last commit.
 
     Returns (documents, tokens).
     """
-    processor = _processor(tokenizer_path, text_field)
+    from levanter.store.jagged_array import PreparedBatch
+
+    processor = _processor(tokenizer_path)
     metadata = lc.cache_metadata(processor)
+    encode = encoder(tokenizer_path, framing, backend).encode
     # Unique within the split even when two folders hold files of one name.
-    shard = f"{os.path.basename(part_dir)}-{os.path.basename(file)}".replace(".", "_")
+    shard = f"{part_dir.rstrip('/').rsplit('/', 1)[-1]}-{file.rstrip('/').rsplit('/', 1)[-1]}".replace(".", "_")
     ledger = lc.load_ledger(part_dir)
     if ledger is not None and ledger.is_finished:
         store = lc.open_store(processor.output_exemplar, part_dir, mode="r")
@@ -119,8 +167,8 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
         lc.expose_rows(store, ledger.total_num_rows)
     skip = ledger.total_num_rows
 
-    # Three stages overlap on separate cores: parsing (reader thread), tokenizing (here; the
-    # Rust tokenizer releases the GIL), writing and committing in order (writer thread).
+    # Three stages overlap: reading and decompressing (reader thread), tokenizing (here; both Rust
+    # tokenizers release the GIL), writing and committing in order (writer thread).
     batches: queue.Queue = queue.Queue(maxsize=4)
     tokenized: queue.Queue = queue.Queue(maxsize=4)
     failure: dict[str, BaseException] = {}
@@ -128,15 +176,7 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
 
     def read() -> None:
         try:
-            batch: list[dict] = []
-            for index, (_, _, text) in enumerate(iter_documents([file], text_field)):
-                if index < skip:
-                    continue
-                batch.append({text_field: text})
-                if len(batch) >= batch_size:
-                    batches.put(batch)
-                    batch = []
-            if batch:
+            for batch in _text_batches(file, text_field, text_format, skip):
                 batches.put(batch)
         except BaseException as e:
             failure["read"] = e
@@ -144,31 +184,35 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
             batches.put(None)
 
     def write() -> None:
-        pending: list = []
+        pending: list[Any] = []
+        rows = 0
+        ended = False
         try:
-            while (rows := tokenized.get()) is not None:
-                pending.extend(rows)
-                if len(pending) >= rows_per_commit:
-                    store.extend(pending)
-                    done["rows"] += len(pending)
-                    pending = []
+            while (batch := tokenized.get()) is not None:
+                pending.append(batch)
+                rows += batch.num_rows
+                if rows >= rows_per_commit:
+                    store.extend_with_batch({"input_ids": PreparedBatch.concat(pending)})
+                    done["rows"] += rows
+                    pending, rows = [], 0
                     _commit(part_dir, done["rows"], {shard: done["rows"]}, [], False, metadata)
+            ended = True
             if pending:
-                store.extend(pending)
-                done["rows"] += len(pending)
+                store.extend_with_batch({"input_ids": PreparedBatch.concat(pending)})
+                done["rows"] += rows
         except BaseException as e:
             failure["write"] = e
-            while tokenized.get() is not None:  # keep the producer from blocking
+            while not ended and tokenized.get() is not None:  # keep the producer from blocking
                 pass
 
     reader = threading.Thread(target=read, name=f"read {shard}", daemon=True)
     writer = threading.Thread(target=write, name=f"write {shard}", daemon=True)
     reader.start()
     writer.start()
-    encode = _encoder(processor, text_field)
     try:
-        while (batch := batches.get()) is not None:
-            tokenized.put(encode(batch))
+        while (texts := batches.get()) is not None:
+            ids, ends = encode(texts)
+            tokenized.put(PreparedBatch(ids, ends, None))
     finally:
         tokenized.put(None)
         writer.join()
@@ -182,31 +226,9 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
     return done["rows"], int(store.tree["input_ids"].data_size)
 
 
-def _encoder(processor, text_field: str):
-    """Levanter's BatchTokenizer, or — when the tokenizer itself frames documents with BOS/EOS
-    and nothing else needs doing — the Rust tokenizer directly, with identical output and
-    without the Python-side conversions of the transformers wrapper. `encode_batch_fast`
-    (tokenizers >= 0.21) skips the character offsets nobody here reads: ~25 % more tokens/s."""
-    fast = lc.rust_tokenizer(processor)
-    framing = lc.tokenizer_framing(processor)
-    if (fast is None or framing.adds_bos or framing.adds_eos or processor.padding is not False
-            or processor.return_attention_mask):
-        return processor
-    limit = framing.long_text_limit
-    encode_batch = getattr(fast, "encode_batch_fast", fast.encode_batch)
-
-    def encode(batch: list[dict]) -> list[dict]:
-        texts = [row[text_field] for row in batch]
-        if limit is not None and any(len(t) > limit for t in texts):
-            return processor(batch)
-        return [{"input_ids": e.ids} for e in encode_batch(texts)]
-
-    return encode
-
-
-def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str, text_field: str = "text") -> None:
+def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str) -> None:
     """Concatenate finished sub-caches, in order, into one finished cache; resumable."""
-    processor = _processor(tokenizer_path, text_field)
+    processor = _processor(tokenizer_path)
     exemplar = processor.output_exemplar
     ledger = lc.load_ledger(cache_dir)
     if ledger is not None and ledger.is_finished:
@@ -234,58 +256,79 @@ def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str, t
     lc.commit_ledger(cache_dir, ledger)
 
 
-def _finished_stats(cache_dir: str, tokenizer_path: str, text_field: str, files: int) -> SplitStats | None:
+def _finished_stats(cache_dir: str, tokenizer_path: str, files: int) -> SplitStats | None:
     """Counts of a split whose merged cache is already finished (a re-run after a late crash)."""
     ledger = lc.load_ledger(cache_dir)
     if ledger is None or not ledger.is_finished:
         return None
-    exemplar = _processor(tokenizer_path, text_field).output_exemplar
-    store = lc.open_store(exemplar, cache_dir, mode="r")
+    store = lc.open_store(_processor(tokenizer_path).output_exemplar, cache_dir, mode="r")
     return SplitStats(ledger.total_num_rows, int(store.tree["input_ids"].data_size), files)
 
 
-def _tokenize_files(files: Sequence[str], part_dirs: Sequence[str], tokenizer_path: str, text_field: str,
-                    rows_per_commit: int, workers: int) -> list[tuple[int, int]]:
+def _tokenize_files(files: Sequence[str], part_dirs: Sequence[str], workers: int,
+                    **options: Any) -> list[tuple[int, int]]:
     if workers <= 1:
-        return [tokenize_file(f, p, tokenizer_path, text_field, rows_per_commit=rows_per_commit)
-                for f, p in zip(files, part_dirs, strict=True)]
+        return [tokenize_file(f, p, **options) for f, p in zip(files, part_dirs, strict=True)]
     import ray
 
     # A task blocked in ray.get gives its CPUs back to Ray, so these nested tasks cannot starve.
     remote = ray.remote(num_cpus=1, max_retries=0)(tokenize_file)
-    return ray.get([remote.remote(f, p, tokenizer_path, text_field,  # type: ignore[call-arg]  # Ray's stubs
-                                  rows_per_commit=rows_per_commit) for f, p in zip(files, part_dirs, strict=True)])
+    return ray.get([remote.remote(f, p, **options)  # type: ignore[call-arg]  # Ray's stubs
+                    for f, p in zip(files, part_dirs, strict=True)])
+
+
+def _parity_sample(files: Sequence[str], text_field: str, text_format: str) -> list[str]:
+    """The first documents of the first few files: what the backend parity check encodes both ways."""
+    sample: list[str] = []
+    for file in files[:4]:
+        for texts in iter_text_batches(file, text_field=text_field, text_format=text_format,
+                                       batch_size=SAMPLE_DOCUMENTS):
+            sample.extend(texts[:SAMPLE_DOCUMENTS])
+            break
+    return sample
 
 
 def tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
-             splits: dict[str, Sequence[str]] | None = None, text_field: str = "text",
-             rows_per_commit: int = 8192, workers: int = 1) -> TokenizedCache:
-    """Tokenize a raw dataset's splits into a Levanter cache, resumably."""
-    splits = splits or {"train": ["train/*"], "validation": ["validation/*"]}
+             splits: dict[str, list[str]] | None = None, text_field: str = "text",
+             rows_per_commit: int = 8192, workers: int = 1, text_format: str = "auto",
+             framing: str = "bos_eos", backend: str = "auto") -> TokenizedCache:
+    """Tokenize a raw dataset's splits (`{split: [glob, …]}`; None: found from its layout) into a
+    Levanter cache, resumably, each document framed by `framing`'s ids."""
+    chosen: dict[str, list[str]] = dict(splits) if splits else dict(find_splits(dataset_path))
     fingerprint = tokenizer_fingerprint(tokenizer_path)
-    check_tokenizer(output_path, tokenizer_path, fingerprint)
+    framed = encoder(tokenizer_path, framing).framing
+    check_tokenizer(output_path, tokenizer_path, fingerprint, framed)
     started = time.monotonic()
+    files_of = {split: expand_files(dataset_path, patterns) for split, patterns in chosen.items()}
+    all_files = [f for files in files_of.values() for f in files]
+    if framing == "levanter":
+        choice_backend, choice_reason = "tokenizers", "framing 'levanter' runs Levanter's BatchTokenizer"
+    else:
+        choice = choose_backend(tokenizer_path, _parity_sample(all_files, text_field, text_format), backend)
+        choice_backend, choice_reason = choice.backend, choice.reason
+    options = dict(tokenizer_path=tokenizer_path, text_field=text_field, rows_per_commit=rows_per_commit,
+                   text_format=text_format, framing=framing, backend=choice_backend)
     stats: dict[str, SplitStats] = {}
-    for split, patterns in splits.items():
-        files = expand_files(dataset_path, patterns)
-        finished = _finished_stats(join_path(output_path, split), tokenizer_path, text_field, len(files))
+    for split, files in files_of.items():
+        finished = _finished_stats(join_path(output_path, split), tokenizer_path, len(files))
         if finished is not None:
             stats[split] = finished
             continue
         parts = [join_path(output_path, PARTS_DIR, split, f"{i:05d}") for i in range(len(files))]
-        counts = _tokenize_files(files, parts, tokenizer_path, text_field, rows_per_commit, workers)
+        counts = _tokenize_files(files, parts, workers, **options)
         documents = sum(c[0] for c in counts)
         if documents == 0:
             raise DatasetError(f"split {split!r} of {dataset_path} has no documents ({len(files)} files)")
-        merge_parts(parts, join_path(output_path, split), tokenizer_path, text_field)
+        merge_parts(parts, join_path(output_path, split), tokenizer_path)
         stats[split] = SplitStats(documents, sum(c[1] for c in counts), len(files))
     fs, root = fsspec.core.url_to_fs(join_path(output_path, PARTS_DIR))
     if fs.exists(root):
         fs.rm(root, recursive=True)  # merged: the sub-caches would only double the disk used
     tokens = sum(s.tokens for s in stats.values())
-    vocab = len(_processor(tokenizer_path, text_field).tokenizer)
+    vocab = largest_token_id(load_hf_tokenizer(tokenizer_path)) + 1
     return TokenizedCache(output_path, tokenizer_path, fingerprint, vocab, stats,
-                          round(tokens / max(time.monotonic() - started, 1e-9), 1))
+                          round(tokens / max(time.monotonic() - started, 1e-9), 1), framed, choice_backend,
+                          choice_reason, text_format)
 
 
 def cache_not_empty(output_path: str, result: dict) -> CheckOutcome:
@@ -328,16 +371,30 @@ class TokenizeStep(Step):
     """The tokenizer step (its output folder is the tokenizer)."""
 
 
-def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, Sequence[str]] | None = None,
-                  text_field: str = "text", workers: int = 1, cpu: float = 1) -> TokenizeStep:
-    """A Levanter cache of `dataset`'s splits (`{split: [glob, …]}`) tokenized with `tokenizer`'s folder."""
-    splits = {k: list(v) for k, v in (splits or {"train": ["train/*"], "validation": ["validation/*"]}).items()}
+def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, list[str]] | None = None,
+                  text_field: str = "text", workers: int = 1, cpu: float = 1, text_format: str = "auto",
+                  framing: str = "bos_eos", backend: str = "auto") -> TokenizeStep:
+    """A Levanter cache of `dataset`'s splits (`{split: [glob, …]}`, or None to find them from the
+    dataset's layout) tokenized with `tokenizer`'s folder.
+
+    `framing` (see `encoders.FRAMINGS`) enters identity. `backend` does not when it is `auto`
+    (fastokens is used only where it matches `tokenizers` id for id) or `tokenizers` (the reference);
+    forcing `fastokens` does, since then ids may differ.
+    """
+    if framing not in FRAMINGS or backend not in BACKENDS:
+        raise StepDefinitionError(f"tokenize step {name!r}: framing must be one of {FRAMINGS} (got {framing!r})"
+                                  f" and backend one of {BACKENDS} (got {backend!r})")
+    chosen = {k: list(v) for k, v in splits.items()} if splits is not None else None
+    hash_attrs: dict[str, Any] = {"splits": chosen if chosen is not None else "from-layout", "text_field": text_field,
+                                  "text_format": text_format, "framing": framing, "format": "levanter-cache-v2"}
+    if backend == "fastokens":
+        hash_attrs["backend"] = backend
     return TokenizeStep(
         name=name,
-        fn=lambda out: tokenize(out, dataset.output_path, tokenizer.output_path, splits, text_field,
-                                workers=workers),
+        fn=lambda out: tokenize(out, dataset.output_path, tokenizer.output_path, chosen, text_field, workers=workers,
+                                text_format=text_format, framing=framing, backend=backend),
         deps=[dataset, tokenizer],
-        hash_attrs={"splits": splits, "text_field": text_field, "format": "levanter-cache-v1"},
+        hash_attrs=hash_attrs,
         resources=Resources(cpu=cpu),
         kind="tokenize",
         description=made_by(tokenize),

@@ -34,10 +34,14 @@ class TokenizerInfo:
 
     path: str
     vocab_size: int
+    """Largest token id + 1 (what a model's embedding must cover)."""
     eos_token: str
     source: str
     """`trained on <dataset>` or the adopted name/path."""
     documents: int = 0
+    bos_token: str | None = None
+    tokens: int = 0
+    """How many tokens it has (`len(tokenizer)`); fewer than `vocab_size` when its ids have gaps."""
 
 
 def train_tokenizer(output_path: str, dataset_path: str, vocab_size: int, files: Sequence[str] = ("train/*",),
@@ -87,7 +91,8 @@ def train_tokenizer(output_path: str, dataset_path: str, vocab_size: int, files:
                                    model_input_names=["input_ids", "attention_mask"])
     with local_dir_for(output_path) as local:
         fast.save_pretrained(local)
-    return TokenizerInfo(output_path, len(fast), eos, f"trained on {dataset_path}", counted["documents"])
+    return TokenizerInfo(output_path, len(fast), eos, f"trained on {dataset_path}", counted["documents"],
+                         bos_token=eos, tokens=len(fast))
 
 
 def adopt_tokenizer(output_path: str, name_or_path: str, revision: str | None = None) -> TokenizerInfo:
@@ -96,12 +101,19 @@ def adopt_tokenizer(output_path: str, name_or_path: str, revision: str | None = 
 
     try:
         with local_copy_of(name_or_path) if "://" in name_or_path else contextlib.nullcontext(name_or_path) as source:
-            tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+            # A language model reads only input ids: tokenizers that also return token_type_ids (BERT-style
+            # defaults) would make Levanter expect a second array in every cache.
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=revision,
+                                                      model_input_names=["input_ids", "attention_mask"])
     except (OSError, ValueError, TypeError, KeyError) as e:
         raise TokenizerError(f"tokenizer {name_or_path!r} does not load: {_brief(e)}") from None
+    if getattr(tokenizer, "backend_tokenizer", None) is None:
+        raise TokenizerError(f"tokenizer {name_or_path!r} loads only as a slow (Python) tokenizer; tokenizing needs"
+                             " its fast form (a tokenizer.json): convert it with transformers and adopt that folder")
     with local_dir_for(output_path) as local:
         tokenizer.save_pretrained(local)
-    return TokenizerInfo(output_path, len(tokenizer), tokenizer.eos_token or "", name_or_path)
+    return TokenizerInfo(output_path, largest_token_id(tokenizer) + 1, tokenizer.eos_token or "", name_or_path,
+                         bos_token=tokenizer.bos_token, tokens=len(tokenizer))
 
 
 def load_hf_tokenizer(path: str):

