@@ -97,14 +97,14 @@ def _flatten(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=8)
-def _hf(tokenizer_path: str) -> Any:
+def hf_tokenizer(tokenizer_path: str) -> Any:
     """The transformers tokenizer (once per process and content-addressed folder)."""
     return load_hf_tokenizer(tokenizer_path)
 
 
 def _reference(tokenizer_path: str) -> Any:
     """The `tokenizers` object transformers (and Levanter) encode with: the reference for parity."""
-    rust = getattr(_hf(tokenizer_path), "backend_tokenizer", None)
+    rust = getattr(hf_tokenizer(tokenizer_path), "backend_tokenizer", None)
     if rust is None:
         raise TokenizerError(f"the tokenizer at {tokenizer_path} has no fast (Rust) implementation; adopt a"
                              " tokenizer folder with a tokenizer.json")
@@ -162,9 +162,8 @@ def choose_backend(tokenizer_path: str, sample: Sequence[str], requested: str = 
             raise BackendError(f"fastokens cannot load the tokenizer at {tokenizer_path}: {e}") from None
         return BackendChoice("tokenizers", f"fastokens cannot load this tokenizer ({_first_line(e)})")
     texts = list(PARITY_PROBES) + [t for t in sample]
-    disagreement = parity_difference(tokenizer_path, texts)
+    disagreement, tokens = parity_difference(tokenizer_path, texts)
     if disagreement is None:
-        tokens = int(encode_tokenizers(tokenizer_path, texts)[1][-1])
         return BackendChoice("fastokens", f"fastokens agrees with tokenizers on {len(texts)} sample documents"
                                           f" ({tokens} tokens)")
     if requested == "fastokens":
@@ -172,12 +171,13 @@ def choose_backend(tokenizer_path: str, sample: Sequence[str], requested: str = 
     return BackendChoice("tokenizers", f"fastokens disagrees with tokenizers: {disagreement}")
 
 
-def parity_difference(tokenizer_path: str, texts: Sequence[str]) -> str | None:
-    """Where fastokens' ids first differ from `tokenizers`' on `texts` (None: identical)."""
+def parity_difference(tokenizer_path: str, texts: Sequence[str]) -> tuple[str | None, int]:
+    """Where fastokens' ids first differ from `tokenizers`' on `texts` (None: identical), and how many
+    tokens `tokenizers` made."""
     ref_ids, ref_ends = encode_tokenizers(tokenizer_path, texts)
     fast_ids, fast_ends = encode_fastokens(tokenizer_path, texts)
     if np.array_equal(ref_ends, fast_ends) and np.array_equal(ref_ids, fast_ids):
-        return None
+        return None, len(ref_ids)
     ref_starts, fast_starts = np.diff(ref_ends, prepend=0), np.diff(fast_ends, prepend=0)
     for i, text in enumerate(texts):
         a = ref_ids[ref_ends[i] - ref_starts[i]:ref_ends[i]]
@@ -185,8 +185,8 @@ def parity_difference(tokenizer_path: str, texts: Sequence[str]) -> str | None:
         if not np.array_equal(a, b):
             at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
             return (f"document {i} of the sample ({text[:40]!r}…): at token {at}, tokenizers gives"
-                    f" {a[at:at + 3].tolist()}, fastokens {b[at:at + 3].tolist()}")
-    return "the batches differ"
+                    f" {a[at:at + 3].tolist()}, fastokens {b[at:at + 3].tolist()}"), len(ref_ids)
+    return "the batches differ", len(ref_ids)
 
 
 def _first_line(error: BaseException) -> str:
@@ -215,14 +215,14 @@ def encoder(tokenizer_path: str, framing: str = "bos_eos", backend: str = "token
     """The encoder for a tokenizer folder (loaded once per process; a content-addressed folder never changes)."""
     if backend not in ENCODERS:
         raise ValueError(f"unknown tokenize backend {backend!r}")
-    return Encoder(tokenizer_path, framing_of(_hf(tokenizer_path), framing), backend)
+    return Encoder(tokenizer_path, framing_of(hf_tokenizer(tokenizer_path), framing), backend)
 
 
 @functools.lru_cache(maxsize=8)
 def _levanter_processor(tokenizer_path: str) -> Any:
     from marin_assets.pipeline import levanter_cache as lc
 
-    return lc.batch_tokenizer(_hf(tokenizer_path), "text")
+    return lc.batch_tokenizer(hf_tokenizer(tokenizer_path), "text")
 
 
 def _levanter_encode(tokenizer_path: str, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -1,12 +1,12 @@
 """Tokenize: a Levanter cache (one per split) from a raw dataset and a tokenizer, exact and fast.
 
-Each input file becomes its own sub-cache with its own ledger, committed every few thousand
-documents, so a crash loses at most one commit of one file and a re-run continues where it
-stopped. The finished sub-caches are then concatenated in this process into
-`{output}/{split}` — Levanter's own Ray builder is not used: on a small cluster its copy
-tasks ask for 4 CPUs and 6 GiB and wait forever. With `workers > 1` files are tokenized by
-parallel Ray tasks (across a cluster's nodes); with one, the Rust tokenizer already uses
-every core of the node.
+With one worker (the default: the Rust tokenizers already use every core of the node)
+the files are appended, in order, straight into `{output}/{split}`, whose ledger records each
+file's committed rows, so a crash loses at most one commit and a re-run continues where it
+stopped. With `workers > 1` each file becomes its own sub-cache, tokenized by Ray tasks across
+a cluster's nodes *and* by the step's own process (`execution.fanout`: it never waits on CPUs
+nobody frees), and the finished sub-caches are concatenated in this process. Levanter's own Ray
+builder is not used: on a small cluster its copy tasks ask for 4 CPUs and 6 GiB and wait forever.
 
 Documents are framed with BOS/EOS *ids* (`encoders.py`), and ids never become Python ints on the
 fast path: fastokens (when it agrees with Hugging Face `tokenizers` on a sample of this input)
@@ -35,22 +35,25 @@ from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
+from marin_assets.execution.fanout import fan_out
 from marin_assets.pipeline import levanter_cache as lc
-from marin_assets.pipeline.encoders import BACKENDS, FRAMINGS, Framing, choose_backend, encoder
+from marin_assets.pipeline.encoders import BACKENDS, FRAMINGS, Framing, choose_backend, encoder, hf_tokenizer
 from marin_assets.pipeline.text_files import (
     DatasetError,
     expand_files,
     find_splits,
     iter_text_batches,
 )
-from marin_assets.pipeline.tokenizer import largest_token_id, load_hf_tokenizer
+from marin_assets.pipeline.tokenizer import largest_token_id
 
 FINGERPRINT_FILE = "tokenizer_fingerprint.json"
 PARTS_DIR = ".parts"
 BATCH_CHARACTERS = 1 << 20
 """Texts are encoded in batches of about this many characters (fastokens needs large batches)."""
-SAMPLE_DOCUMENTS = 256
-"""Documents read from the start of each of the first files to check backend parity."""
+SAMPLE_CHARACTERS = 1 << 15
+"""Characters read from the start of each of the first few files to check backend parity: enough
+to meet the input's scripts, whitespace and special-token text, small enough to cost well under a
+second with the slower tokenizer."""
 
 
 class TokenizerMismatchError(ValueError):
@@ -118,7 +121,7 @@ def check_tokenizer(output_path: str, tokenizer_path: str, fingerprint: str, fra
 def _processor(tokenizer_path: str):
     """Levanter's processor for a tokenizer folder: the cache's exemplar and the ledger metadata Levanter
     compares when it loads the cache for training (loaded once per process and path)."""
-    return lc.batch_tokenizer(load_hf_tokenizer(tokenizer_path), "text")
+    return lc.batch_tokenizer(hf_tokenizer(tokenizer_path), "text")
 
 
 def _commit(cache_dir: str, rows: int, shard_rows: dict, finished: list, done: bool, metadata):
@@ -145,34 +148,75 @@ def _text_batches(file: str, text_field: str, text_format: str, skip: int) -> It
 def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str = "text",
                   rows_per_commit: int = 8192, text_format: str = "auto", framing: str = "bos_eos",
                   backend: str = "tokenizers") -> tuple[int, int]:
-    """One input file → one sub-cache with its own ledger; resumes from its last commit.
+    """One input file → one sub-cache with its own ledger (a fanned-out task's share); resumable.
 
     Returns (documents, tokens).
+    """
+    label = part_dir.rstrip("/").rsplit("/", 1)[-1]
+    return tokenize_files([file], part_dir, tokenizer_path, text_field, rows_per_commit, text_format, framing,
+                          backend, labels=[label])
+
+
+def _shard_name(label: str, file: str) -> str:
+    """A file's shard in a ledger: unique within the split even when two folders hold files of one name."""
+    return f"{label}-{file.rstrip('/').rsplit('/', 1)[-1]}".replace(".", "_")
+
+
+def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, text_field: str = "text",
+                   rows_per_commit: int = 8192, text_format: str = "auto", framing: str = "bos_eos",
+                   backend: str = "tokenizers", labels: Sequence[str] | None = None) -> tuple[int, int]:
+    """Input files, in order, appended to one cache whose ledger records each file's committed rows;
+    resumes from its last commit (finished files are skipped, the current one continues).
+
+    Returns (documents, tokens) of the cache.
     """
     from levanter.store.jagged_array import PreparedBatch
 
     processor = _processor(tokenizer_path)
     metadata = lc.cache_metadata(processor)
     encode = encoder(tokenizer_path, framing, backend).encode
-    # Unique within the split even when two folders hold files of one name.
-    shard = f"{part_dir.rstrip('/').rsplit('/', 1)[-1]}-{file.rstrip('/').rsplit('/', 1)[-1]}".replace(".", "_")
-    ledger = lc.load_ledger(part_dir)
+    shards = [_shard_name(label, f) for label, f in zip(labels or [f"{i:05d}" for i in range(len(files))], files,
+                                                         strict=True)]
+    ledger = lc.load_ledger(cache_dir)
     if ledger is not None and ledger.is_finished:
-        store = lc.open_store(processor.output_exemplar, part_dir, mode="r")
+        store = lc.open_store(processor.output_exemplar, cache_dir, mode="r")
         return ledger.total_num_rows, int(store.tree["input_ids"].data_size)
     if ledger is None:
-        ledger = _commit(part_dir, 0, {shard: 0}, [], False, metadata)
-    store = lc.open_store(processor.output_exemplar, part_dir, mode="a")
+        ledger = _commit(cache_dir, 0, {}, [], False, metadata)
+    store = lc.open_store(processor.output_exemplar, cache_dir, mode="a")
     if len(store) > ledger.total_num_rows:  # crashed after writing, before committing
         lc.expose_rows(store, ledger.total_num_rows)
-    skip = ledger.total_num_rows
+    shard_rows, finished = dict(ledger.shard_rows), list(ledger.finished_shards)
+    done = {"rows": ledger.total_num_rows}
+    for file, shard in zip(files, shards, strict=True):
+        if shard in finished:
+            continue
+        skip = shard_rows.get(shard, 0)  # the file being tokenized when a previous attempt stopped
+        before = done["rows"] - skip  # rows of the cache before this file
 
-    # Three stages overlap: reading and decompressing (reader thread), tokenizing (here; both Rust
-    # tokenizers release the GIL), writing and committing in order (writer thread).
+        def commit(total: int, shard: str = shard, before: int = before) -> None:
+            shard_rows[shard] = total - before
+            _commit(cache_dir, total, shard_rows, finished, False, metadata)
+
+        _append_file(file, shard, store, encode, PreparedBatch, text_field, text_format, rows_per_commit, commit,
+                     done, skip)
+        finished.append(shard)
+        commit(done["rows"])
+    _commit(cache_dir, done["rows"], shard_rows, finished, True, metadata)
+    return done["rows"], int(store.tree["input_ids"].data_size)
+
+
+def _append_file(file: str, shard: str, store: Any, encode: Any, prepared: Any, text_field: str, text_format: str,
+                 rows_per_commit: int, commit: Any, done: dict[str, int], skip: int) -> None:
+    """Append one file's documents after its first `skip` to `store`, calling `commit(total rows)` every
+    `rows_per_commit` documents.
+
+    Three stages overlap: reading and decompressing (reader thread), tokenizing (here; both Rust
+    tokenizers release the GIL), writing and committing in order (writer thread).
+    """
     batches: queue.Queue = queue.Queue(maxsize=4)
     tokenized: queue.Queue = queue.Queue(maxsize=4)
     failure: dict[str, BaseException] = {}
-    done = {"rows": skip}
 
     def read() -> None:
         try:
@@ -192,13 +236,13 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
                 pending.append(batch)
                 rows += batch.num_rows
                 if rows >= rows_per_commit:
-                    store.extend_with_batch({"input_ids": PreparedBatch.concat(pending)})
+                    store.extend_with_batch({"input_ids": prepared.concat(pending)})
                     done["rows"] += rows
                     pending, rows = [], 0
-                    _commit(part_dir, done["rows"], {shard: done["rows"]}, [], False, metadata)
+                    commit(done["rows"])
             ended = True
             if pending:
-                store.extend_with_batch({"input_ids": PreparedBatch.concat(pending)})
+                store.extend_with_batch({"input_ids": prepared.concat(pending)})
                 done["rows"] += rows
         except BaseException as e:
             failure["write"] = e
@@ -212,7 +256,7 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
     try:
         while (texts := batches.get()) is not None:
             ids, ends = encode(texts)
-            tokenized.put(PreparedBatch(ids, ends, None))
+            tokenized.put(prepared(ids, ends, None))
     finally:
         tokenized.put(None)
         writer.join()
@@ -222,8 +266,6 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
         reader.join()
     if failure:
         raise failure.get("read") or failure["write"]
-    _commit(part_dir, done["rows"], {shard: done["rows"]}, [shard], True, metadata)
-    return done["rows"], int(store.tree["input_ids"].data_size)
 
 
 def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str) -> None:
@@ -265,25 +307,45 @@ def _finished_stats(cache_dir: str, tokenizer_path: str, files: int) -> SplitSta
     return SplitStats(ledger.total_num_rows, int(store.tree["input_ids"].data_size), files)
 
 
-def _tokenize_files(files: Sequence[str], part_dirs: Sequence[str], workers: int,
-                    **options: Any) -> list[tuple[int, int]]:
-    if workers <= 1:
-        return [tokenize_file(f, p, **options) for f, p in zip(files, part_dirs, strict=True)]
-    import ray
+def _tokenize_part(options: dict[str, Any], file_and_part: tuple[str, str]) -> tuple[int, int]:
+    """One file of a fan-out (module level: pickles by reference onto Ray workers)."""
+    file, part_dir = file_and_part
+    return tokenize_file(file, part_dir, **options)
 
-    # A task blocked in ray.get gives its CPUs back to Ray, so these nested tasks cannot starve.
-    remote = ray.remote(num_cpus=1, max_retries=0)(tokenize_file)
-    return ray.get([remote.remote(f, p, **options)  # type: ignore[call-arg]  # Ray's stubs
-                    for f, p in zip(files, part_dirs, strict=True)])
+
+def _tokenize_split(files: Sequence[str], cache_dir: str, parts_dir: str, workers: int,
+                    **options: Any) -> tuple[int, int]:
+    """One split: straight into its cache in this process, or — with `workers > 1` — one sub-cache per
+    file across Ray tasks *and* this process (`fan_out` never waits on CPUs nobody frees), then merged."""
+    if workers <= 1 or len(files) <= 1:
+        return tokenize_files(files, cache_dir, **options)
+    parts = [join_path(parts_dir, f"{i:05d}") for i in range(len(files))]
+    counts = fan_out(list(zip(files, parts, strict=True)), functools.partial(_tokenize_part, options),
+                     claim_path_of=lambda item: item[1].rstrip("/") + ".claim", workers=workers,
+                     name=f"tokenize {len(files)} files")
+    if sum(c[0] for c in counts):
+        merge_parts(parts, cache_dir, options["tokenizer_path"])
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab_size(tokenizer_path: str) -> int:
+    """Largest id + 1 of a (content-addressed, so unchanging) tokenizer folder."""
+    return largest_token_id(hf_tokenizer(tokenizer_path)) + 1
 
 
 def _parity_sample(files: Sequence[str], text_field: str, text_format: str) -> list[str]:
-    """The first documents of the first few files: what the backend parity check encodes both ways."""
+    """The first documents (about SAMPLE_CHARACTERS of each) of the first few files: what the backend
+    parity check encodes both ways. A long document contributes its start."""
     sample: list[str] = []
     for file in files[:4]:
-        for texts in iter_text_batches(file, text_field=text_field, text_format=text_format,
-                                       batch_size=SAMPLE_DOCUMENTS):
-            sample.extend(texts[:SAMPLE_DOCUMENTS])
+        size = 0
+        for texts in iter_text_batches(file, text_field=text_field, text_format=text_format, batch_size=64):
+            for text in texts:
+                sample.append(text[:SAMPLE_CHARACTERS - size])
+                size += len(sample[-1])
+                if size >= SAMPLE_CHARACTERS:
+                    break
             break
     return sample
 
@@ -314,18 +376,16 @@ def tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
         if finished is not None:
             stats[split] = finished
             continue
-        parts = [join_path(output_path, PARTS_DIR, split, f"{i:05d}") for i in range(len(files))]
-        counts = _tokenize_files(files, parts, workers, **options)
-        documents = sum(c[0] for c in counts)
+        documents, tokens = _tokenize_split(files, join_path(output_path, split),
+                                            join_path(output_path, PARTS_DIR, split), workers, **options)
         if documents == 0:
             raise DatasetError(f"split {split!r} of {dataset_path} has no documents ({len(files)} files)")
-        merge_parts(parts, join_path(output_path, split), tokenizer_path)
-        stats[split] = SplitStats(documents, sum(c[1] for c in counts), len(files))
+        stats[split] = SplitStats(documents, tokens, len(files))
     fs, root = fsspec.core.url_to_fs(join_path(output_path, PARTS_DIR))
     if fs.exists(root):
         fs.rm(root, recursive=True)  # merged: the sub-caches would only double the disk used
     tokens = sum(s.tokens for s in stats.values())
-    vocab = largest_token_id(load_hf_tokenizer(tokenizer_path)) + 1
+    vocab = _vocab_size(tokenizer_path)
     return TokenizedCache(output_path, tokenizer_path, fingerprint, vocab, stats,
                           round(tokens / max(time.monotonic() - started, 1e-9), 1), framed, choice_backend,
                           choice_reason, text_format)

@@ -46,7 +46,7 @@ class TokenizerInfo:
 
 def train_tokenizer(output_path: str, dataset_path: str, vocab_size: int, files: Sequence[str] = ("train/*",),
                     special_tokens: Sequence[str] = (EOS,), text_field: str = "text",
-                    max_documents: int | None = None) -> TokenizerInfo:
+                    max_documents: int | None = None, text_format: str = "auto") -> TokenizerInfo:
     """Train a byte-level BPE tokenizer on a raw dataset and save it as a Hugging Face tokenizer."""
     from tokenizers import (
         Tokenizer,
@@ -66,7 +66,7 @@ def train_tokenizer(output_path: str, dataset_path: str, vocab_size: int, files:
     counted = {"documents": 0}
 
     def texts():
-        for _, _, text in iter_documents(expand_files(dataset_path, files), text_field):
+        for _, _, text in iter_documents(expand_files(dataset_path, files), text_field, text_format):
             counted["documents"] += 1
             yield text
             if max_documents and counted["documents"] >= max_documents:
@@ -150,15 +150,17 @@ def _brief(error: Exception, limit: int = 200) -> str:
 
 
 def bpe_tokenizer_step(name: str, dataset: Step, vocab_size: int, files: Sequence[str] = ("train/*",),
-                       special_tokens: Sequence[str] = (EOS,), max_documents: int | None = None) -> Step:
+                       special_tokens: Sequence[str] = (EOS,), max_documents: int | None = None,
+                       text_field: str = "text", text_format: str = "auto") -> Step:
     """A byte-level BPE tokenizer trained on a dataset step's files."""
     return Step(
         name=name,
-        fn=lambda out: train_tokenizer(out, dataset.output_path, vocab_size, files, special_tokens,
-                                       max_documents=max_documents),
+        fn=lambda out: train_tokenizer(out, dataset.output_path, vocab_size, files, special_tokens, text_field,
+                                       max_documents=max_documents, text_format=text_format),
         deps=[dataset],
         hash_attrs={"vocab_size": vocab_size, "files": list(files), "special_tokens": list(special_tokens),
-                    "max_documents": max_documents, "kind": "byte-level-bpe"},
+                    "max_documents": max_documents, "kind": "byte-level-bpe", "text_field": text_field,
+                    "text_format": text_format},
         resources=Resources(cpu=1),
         kind="tokenizer",
         description=made_by(train_tokenizer),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -92,8 +93,9 @@ def partial_work(kind: str, out: str) -> int:
         return len([p for p in Path(out).glob("part-*.bin")]) if os.path.isdir(out) else 0
     if kind == "train":
         return len(list_checkpoints(run_dir_of(out)))
-    parts = Path(out) / ".parts"
-    return len(list(parts.glob("*/*/shard_ledger.json"))) if parts.exists() else 0
+    # files a split's ledger has committed rows of (finished or under way)
+    ledgers = [json.loads(p.read_text()) for p in Path(out).glob("*/shard_ledger.json")] if os.path.isdir(out) else []
+    return sum(sum(1 for rows in ledger.get("shard_rows", {}).values() if rows) for ledger in ledgers)
 
 
 def check(kind: str, result, root: Path) -> str | None:
