@@ -162,3 +162,65 @@ def test_framing_and_a_forced_fastokens_enter_identity_but_the_backend_choice_do
     assert len({path(), path(framing="eos"), path(framing="levanter"), path(backend="fastokens")}) == 4
     with pytest.raises(StepDefinitionError, match="framing"):
         tokenize_step("tokenized/x", raw, tok, framing="bos")
+
+
+def write_formats(root, train: list[str], validation: list[str]) -> dict[str, tuple[str, str]]:
+    """The same documents in every format a dataset comes in: {name: (dataset folder, text_format)}."""
+    import bz2
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    def lines(texts):
+        return "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+
+    writers = {
+        "jsonl": ("jsonl", lambda b: b), "jsonl.gz": ("jsonl.gz", gzip.compress),
+        "jsonl.zst": ("jsonl.zst", zstandard.ZstdCompressor().compress), "jsonl.bz2": ("jsonl.bz2", bz2.compress),
+    }
+    made = {}
+    for name, (suffix, compress) in writers.items():
+        for split, texts in (("train", train), ("validation", validation)):
+            (root / name / split).mkdir(parents=True)
+            (root / name / split / f"part-0.{suffix}").write_bytes(compress(lines(texts)))
+        made[name] = (str(root / name), "auto")
+    # The Hugging Face datasets layout: data/{split}-0000x-of-0000n.parquet, small row groups.
+    (root / "parquet" / "data").mkdir(parents=True)
+    for split, texts in (("train", train), ("validation", validation)):
+        half = len(texts) // 2
+        for i, part in enumerate((texts[:half], texts[half:])):
+            pq.write_table(pa.table({"id": list(range(len(part))), "text": part}),
+                           root / "parquet" / "data" / f"{split}-{i:05d}-of-00002.parquet", row_group_size=7)
+    made["parquet"] = (str(root / "parquet"), "auto")
+    for split, texts in (("train", train), ("validation", validation)):
+        (root / "text-file" / split).mkdir(parents=True)
+        for i, text in enumerate(texts):
+            (root / "text-file" / split / f"doc-{i:04d}.txt").write_text(text)
+    made["text-file"] = (str(root / "text-file"), "text-file")
+    return made
+
+
+def test_every_dataset_format_tokenizes_to_the_tokens_of_its_texts(tokenizers, tmp_path):
+    """jsonl (plain, .gz, .zst, .bz2), HF-layout parquet with its splits found from the layout, and one
+    document per text file: each cache holds exactly the texts' own tokens, framed."""
+    from pydoc_data.topics import topics  # the language reference behind help("assert"): real English
+
+    texts = [topics[k] for k in sorted(topics)]
+    train, validation = texts[:50], texts[50:65]
+    path = tokenizers["cl100k-contiguous"].path
+    want = {"train": expected_rows(path, train), "validation": expected_rows(path, validation)}
+    for name, (dataset, text_format) in write_formats(tmp_path / "data", train, validation).items():
+        result = tokenize(str(tmp_path / f"cache-{name}"), dataset, path, text_format=text_format)
+        assert set(result.splits) == {"train", "validation"}, name
+        for split in ("train", "validation"):
+            rows = cache_rows(str(tmp_path / f"cache-{name}" / split))
+            assert rows == want[split], f"{name} {split}"
+            assert result.splits[split].tokens == sum(map(len, want[split])), name
+    # one document per line: every non-empty line is a document
+    lines = [line for t in validation for line in t.splitlines() if line.strip()]
+    (tmp_path / "lines" / "validation").mkdir(parents=True)
+    (tmp_path / "lines" / "validation" / "all.txt").write_text("\n".join(lines) + "\n")
+    result = tokenize(str(tmp_path / "cache-lines"), str(tmp_path / "lines"), path, text_format="text-lines")
+    assert cache_rows(str(tmp_path / "cache-lines" / "validation")) == expected_rows(path, lines)
