@@ -18,19 +18,19 @@ from marin_assets.dagster import (
     unsynced_schedule,
     watched_sources,
 )
-from marin_assets.experiments import hello_world, tiny_stories
+from marin_assets.experiments import hello_world, python_docs
 from resources import RayResource, StorageResource
 
-steps = hello_world.steps + tiny_stories.steps
+steps = hello_world.steps + python_docs.steps
 
 defs = build_definitions(
     steps,
     resources={"storage": StorageResource(), "ray": RayResource()},
     describe_drift=True,  # unsynced assets say which hash_attrs changed (read when the definitions load)
     automation=automate(hello_world.steps),  # hello world opts in to materializing itself
-    extra_assets=[checkpoint_evals_asset(e) for e in tiny_stories.per_checkpoint],
+    extra_assets=[checkpoint_evals_asset(e) for e in python_docs.per_checkpoint],
     sensors=[
-        checkpoint_sensor(tiny_stories.per_checkpoint),
+        checkpoint_sensor(python_docs.per_checkpoint),
         automation_sensor(hello_world.steps),
         *([source_sensor(steps)] if watched_sources(steps) else []),
     ],

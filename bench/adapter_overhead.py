@@ -102,9 +102,9 @@ def measure_load(n_assets: int = 1000, reps: int = 7) -> dict:
 
 
 def sweep_definitions(n_steps: int):
-    """A real sweep: `lr_model_sweep` over the tiny-stories caches, train + eval per point."""
+    """A real sweep: `lr_model_sweep` over the demo's python-docs cache, train + eval per point."""
     from marin_assets import build_definitions
-    from marin_assets.experiments import tiny_stories
+    from marin_assets.experiments import python_docs
     from marin_assets.pipeline.specs import ModelSpec
     from marin_assets.pipeline.sweep import lr_model_sweep
 
@@ -112,7 +112,7 @@ def sweep_definitions(n_steps: int):
     models = {f"d{d}": ModelSpec(hidden_dim=d, intermediate_dim=4 * d, num_heads=4, num_kv_heads=4)
               for d in range(32, 32 + 4 * 100, 4)}
     rates = [1e-4 * (1 + i) for i in range(points // len(models))]
-    steps = lr_model_sweep("sweep", {"stories": tiny_stories.pipeline["tokenized"]}, models, rates)
+    steps = lr_model_sweep("sweep", {"python-docs": python_docs.pipeline["tokenized"]}, models, rates)
     return build_definitions(steps)
 
 

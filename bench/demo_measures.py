@@ -29,7 +29,7 @@ from measure import time_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
-SELECTION = "*hello/report,*exports/tiny-stories-llama,*evals/tiny-stories-llama"
+SELECTION = "*hello/report,*exports/python-docs-llama,*evals/python-docs-llama"
 """What `make demo` materializes (the Makefile's selection): every unpartitioned asset."""
 
 

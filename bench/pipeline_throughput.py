@@ -53,7 +53,7 @@ def levanter_build(cache_dir: str, raw: str, tokenizer_path: str) -> int:
         cache.await_finished(None, await_cleanup=True)
         if cache._builder is not None:  # its manager actor would hold a share of a CPU until the driver exits
             ray.kill(cache._builder)
-        tokens += _finished_stats(os.path.join(cache_dir, split), tokenizer_path, "text", 1).tokens
+        tokens += _finished_stats(os.path.join(cache_dir, split), tokenizer_path, 1).tokens
     return tokens
 
 

@@ -23,6 +23,7 @@ import adapter_overhead  # noqa: E402
 import demo_measures  # noqa: E402
 import pipeline_throughput  # noqa: E402
 import ray_overhead  # noqa: E402
+import real_tokenize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,6 +36,7 @@ def benchmarks(quick: bool) -> list:
         lambda: demo_measures.measure(quick, reps=reps or 9),
         lambda: ray_overhead.measure(reps=reps or 7),
         lambda: pipeline_throughput.measure_tokenize(reps=reps or 5, documents=10_000 if quick else 40_000),
+        lambda: real_tokenize.measure(reps=reps or 5, megabytes=10 if quick else 30),
         lambda: pipeline_throughput.measure_train(reps=1 if quick else 2, steps=20 if quick else 100),
     ]
 

@@ -1,9 +1,10 @@
 """The LLM steps for real on tiny inputs: train, resume after kill -9, export, per-checkpoint eval,
-bad settings, and the whole demo graph through Dagster on Ray."""
+bad settings, the whole demo graph through Dagster on Ray, and the demo's real text."""
 
 import dataclasses
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -14,10 +15,12 @@ import dagster as dg
 import pytest
 
 from marin_assets import StepDefinitionError, build_definitions, load_result, materialize_step
-from marin_assets.experiments import tiny_stories
+from marin_assets.core.step import walk
+from marin_assets.experiments import python_docs, tiny_stories
 from marin_assets.pipeline.evaluate import EvalResult, evaluate_lm, evaluate_step, export_hf
+from marin_assets.pipeline.python_docs import PythonDocs
 from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, SpecError, TrainerSpec
-from marin_assets.pipeline.tokenize import tokenize
+from marin_assets.pipeline.tokenize import TokenizedCache, tokenize
 from marin_assets.pipeline.train import (
     TrainResult,
     checkpoint_steps,
@@ -193,3 +196,22 @@ def test_a_sweep_expands_a_grid_sharing_the_tokenized_cache():
     assert all(s.deps == (base["tokenized"],) for s in trains)  # one shared cache
     keys = build_definitions(steps).resolve_asset_graph().get_all_asset_keys()
     assert len(keys) == 8 + 3  # + raw, tokenizer, tokenized
+
+
+def test_the_demo_learns_pythons_documentation_from_about_ln_vocab(prefix):
+    """The demo's pipeline at test size on its real corpus: every document of both splits reaches the
+    cache, and the loss starts where an untrained model's does — about ln(vocab) — and falls."""
+    pipeline = python_docs.build(prefix="docs", vocab_size=400, model=TINY, trainer=SHORT, optimizer=FAST_LR)
+    for step in walk([pipeline["train"]]):
+        materialize_step(step)
+    corpus = load_result(pipeline["corpus"], PythonDocs)
+    cache = load_result(pipeline["tokenized"], TokenizedCache)
+    assert cache.splits["train"].documents == corpus.train.documents > 3000
+    assert cache.splits["validation"].documents == corpus.validation.documents > 100
+    trained = load_result(pipeline["train"], TrainResult)
+    first_train, first_eval = trained.loss_curve[0][1], trained.eval_curve[0][1]
+    assert trained.vocab_size is not None  # the model's vocabulary: the tokenizer's, rounded up
+    uniform = math.log(trained.vocab_size)  # the loss of a uniform guess
+    assert abs(first_train - uniform) < 1 and abs(first_eval - uniform) < 1
+    assert trained.final_train_loss < first_train - 0.5 and trained.final_eval_loss < first_eval - 0.5
+    assert trained.eval_losses.keys() == {"python-docs"}

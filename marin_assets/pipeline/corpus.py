@@ -1,9 +1,11 @@
-"""A small English-like corpus the project generates deterministically, for offline demos.
+"""A small English-like corpus the project generates deterministically, for fast tests.
 
 Short stories from a little grammar (characters, places, objects, feelings), in the spirit
 of TinyStories: enough structure for a tiny model's loss to fall visibly. Train and
 validation come from different seeds, so validation is held out. Written as JSON lines
-(`{"text": ...}`) in `train/` and `validation/`, the layout the tokenize step reads.
+(`{"text": ...}`) in `train/` and `validation/`, the layout the tokenize step reads. Its
+template sentences are learned almost perfectly in a few hundred steps, so the demo trains
+on real text instead (`python_docs.py`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import gzip
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 
@@ -63,26 +67,38 @@ def story(rng: random.Random) -> str:
     return " ".join(lines)
 
 
-def write_split(output_path: str, split: str, seed: int, documents: int, shards: int) -> tuple[list[str], int]:
-    """`shards` gzipped JSONL files of `documents` stories in total; returns (relative paths, bytes)."""
-    rng = random.Random(seed)
+def write_jsonl_shards(output_path: str, split: str, records: Sequence[dict], shards: int,
+                       digests: Sequence[Any] = ()) -> tuple[list[str], int]:
+    """`records` as `shards` gzipped JSONL files `{split}/shard-NNNNN.jsonl.gz`, in order, each
+    written to a temporary name and renamed, byte-identical on every run (gzip mtime 0). Every
+    uncompressed line also feeds the `digests` (hashlib objects), so a content hash costs no re-read.
+
+    Returns (relative paths, uncompressed bytes)."""
     files, total = [], 0
-    per_shard = -(-documents // shards)
+    per_shard = -(-len(records) // shards)
     for shard in range(shards):
-        count = min(per_shard, documents - shard * per_shard)
-        if count <= 0:
+        chunk = records[shard * per_shard:(shard + 1) * per_shard]
+        if not chunk:
             break
         rel = f"{split}/shard-{shard:05d}.jsonl.gz"
         url = join_path(output_path, rel)
         with fsspec.open(url + ".tmp", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
-            for _ in range(count):
-                line = (json.dumps({"text": story(rng)}) + "\n").encode()
+            for record in chunk:
+                line = (json.dumps(record) + "\n").encode()
                 gz.write(line)
                 total += len(line)
+                for digest in digests:
+                    digest.update(line)
         fs, path = fsspec.core.url_to_fs(url)
         fs.mv(path + ".tmp", path)
         files.append(rel)
     return files, total
+
+
+def write_split(output_path: str, split: str, seed: int, documents: int, shards: int) -> tuple[list[str], int]:
+    """`shards` gzipped JSONL files of `documents` stories in total; returns (relative paths, bytes)."""
+    rng = random.Random(seed)
+    return write_jsonl_shards(output_path, split, [{"text": story(rng)} for _ in range(documents)], shards)
 
 
 def generate_corpus(output_path: str, train_documents: int, validation_documents: int, seed: int,
