@@ -24,7 +24,8 @@ from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step, made_by
 from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
 from marin_assets.pipeline.tokenize import TokenizedCache
-from marin_assets.pipeline.train import TrainResult, TrainStep
+from marin_assets.pipeline.tokenizer import model_vocab_size
+from marin_assets.pipeline.train import TrainResult, TrainStep, platform_for
 
 
 @dataclass(frozen=True)
@@ -54,41 +55,35 @@ def _step_of(checkpoint: str) -> int | None:
     return int(name.split("-", 1)[1]) if name.startswith("step-") else None
 
 
-def export_hf(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_path: str) -> ExportResult:
-    """Convert a Levanter checkpoint to a Hugging Face model folder (config, safetensors, tokenizer)."""
-    from levanter.main.export_lm_to_hf import ConvertLmConfig, main
+def export_hf(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_path: str,
+              vocab_size: int | None = None) -> ExportResult:
+    """Convert a Levanter checkpoint to a Hugging Face model folder (config, safetensors, tokenizer).
 
-    from marin_assets.pipeline.levanter_configs import (
-        model_config,
-        restored_root_logging,
-        trainer_config,
-        write_reference_config,
-    )
-    from marin_assets.pipeline.tokenizer import load_hf_tokenizer
+    `vocab_size`: rows of the model's embedding (None: the tokenizer's largest id + 1, rounded up to
+    `model.vocab_multiple`, as a fresh training run sizes it)."""
+    from marin_assets.pipeline.levanter_configs import export_checkpoint
 
     if not _exists(join_path(checkpoint, "metadata.json")):
         raise FileNotFoundError(f"no complete checkpoint at {checkpoint}")
-    with tempfile.TemporaryDirectory() as scratch:
-        reference = write_reference_config(model, len(load_hf_tokenizer(tokenizer_path)), os.path.join(scratch, "ref"))
-        cwd = os.getcwd()
-        os.chdir(scratch)  # Levanter's converter writes ./logs wherever it runs
-        try:
-            trainer = trainer_config(TrainerSpec(num_train_steps=1), "export", scratch, "marin.export")
-            with restored_root_logging():
-                main(ConvertLmConfig(trainer=trainer,
-                                     checkpoint_path=checkpoint, output_dir=output_path,
-                                     model=model_config(model, reference, tokenizer_path), tokenizer=tokenizer_path,
-                                     save_tokenizer=True, use_cpu=True))
-        finally:
-            os.chdir(cwd)
+    export_checkpoint(checkpoint, output_path, model, tokenizer_path,
+                      vocab_size or model_vocab_size(tokenizer_path, model.vocab_multiple))
     return ExportResult(output_path, checkpoint, _step_of(checkpoint) or 0)
 
 
 def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_path: str, caches: dict[str, str],
-                max_eval_batches: int | None = None, batch_size: int = 16) -> EvalResult:
-    """Loss and bits per byte of a Levanter checkpoint (or HF folder) on each validation cache."""
+                max_eval_batches: int | None = None, batch_size: int = 16,
+                vocab_size: int | None = None, platform: str | None = None) -> EvalResult:
+    """Loss and bits per byte of a Levanter checkpoint (or HF folder) on each validation cache.
+
+    `vocab_size`: rows of the model's embedding (None: as a fresh training run sizes it). Ids the
+    tokenizer has no token for (id gaps, rows a rounded-up vocabulary adds) count as zero bytes.
+    `platform`: the JAX platform to run on (`cuda`; None: JAX's choice under `JAX_PLATFORMS`).
+    """
     import json
 
+    from marin_assets.pipeline.levanter_configs import use_platform
+
+    use_platform(platform, f"evaluation at {output_path}")  # before Levanter starts JAX
     from levanter.main import eval_lm
 
     from marin_assets.pipeline.levanter_configs import (
@@ -100,24 +95,25 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
         trainer_config,
         write_reference_config,
     )
-    from marin_assets.pipeline.tokenizer import load_hf_tokenizer
 
     is_hf = _exists(join_path(checkpoint, "config.json"))
     if not is_hf and not _exists(join_path(checkpoint, "metadata.json")):
         raise FileNotFoundError(f"no complete checkpoint or Hugging Face model at {checkpoint}")
     run_id = f"eval-{output_path.rstrip('/').rsplit('/', 1)[-1]}"
+    vocab = vocab_size or model_vocab_size(tokenizer_path, model.vocab_multiple)
     logger_name = f"marin.metrics.{run_id}"
     with tempfile.TemporaryDirectory(prefix="marin-eval-") as scratch:
         # Levanter's logs, the metrics and the reference config are local; the results are
         # written to the output (local or a URL) at the end. A retry measures from scratch.
-        reference = write_reference_config(model, len(load_hf_tokenizer(tokenizer_path)),
-                                           os.path.join(scratch, "reference"))
+        reference = write_reference_config(model, vocab, os.path.join(scratch, "reference"))
         metrics_file = os.path.join(scratch, "metrics.jsonl")
         spec = TrainerSpec(num_train_steps=1, train_batch_size=batch_size, max_eval_batches=max_eval_batches)
         config = eval_lm.EvalLmConfig(
             checkpoint_path=None if is_hf else checkpoint, hf_checkpoint=checkpoint if is_hf else None,
-            trainer=trainer_config(spec, run_id, scratch, logger_name),
-            data=data_config(tokenizer_path, caches, {k: 0.0 for k in caches} | {next(iter(caches)): 1.0}),
+            trainer=trainer_config(spec, run_id, scratch, logger_name,
+                                   require_accelerator=platform not in (None, "cpu")),
+            data=data_config(tokenizer_path, caches, {k: 0.0 for k in caches} | {next(iter(caches)): 1.0},
+                             vocab_size=vocab),
             model=model_config(model, reference, tokenizer_path),
         )
         started = time.monotonic()
@@ -162,27 +158,30 @@ def export_step(name: str, train: Step, checkpoint_step: int | None = None) -> S
     def run(out: str) -> ExportResult:
         result = load_result(train, TrainResult)
         model, tokenizer = result.model_and_tokenizer()
-        return export_hf(out, result.checkpoint_path(checkpoint_step), model, tokenizer)
+        return export_hf(out, result.checkpoint_path(checkpoint_step), model, tokenizer, result.vocab_size)
 
     return Step(name=name, fn=run, deps=[train], hash_attrs={"checkpoint_step": checkpoint_step}, kind="export",
                 description=made_by(export_hf), kinds=["levanter", "huggingface"])
 
 
 def evaluate_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int | None = None,
-                  max_eval_batches: int | None = None) -> Step:
-    """Loss and bits per byte of a checkpoint (default: the last) of a training step on each validation cache."""
+                  max_eval_batches: int | None = None, gpu: float = 0, gpu_type: str | None = None) -> Step:
+    """Loss and bits per byte of a checkpoint (default: the last) of a training step on each validation cache
+    (on `gpu` CUDA GPUs when asked)."""
     names = sorted(validation)
+    resources = Resources(cpu=1, gpu=gpu, gpu_type=gpu_type)
 
     def run(out: str) -> EvalResult:
         result = load_result(train, TrainResult)
         model, tokenizer = result.model_and_tokenizer()
         caches = {k: load_result(validation[k], TokenizedCache).path for k in names}
-        return evaluate_lm(out, result.checkpoint_path(checkpoint_step), model, tokenizer, caches, max_eval_batches)
+        return evaluate_lm(out, result.checkpoint_path(checkpoint_step), model, tokenizer, caches, max_eval_batches,
+                           vocab_size=result.vocab_size, platform=platform_for(resources))
 
     return Step(name=name, fn=run, deps=[train] + [validation[k] for k in names],
                 hash_attrs={"checkpoint_step": checkpoint_step, "max_eval_batches": max_eval_batches,
                             "validation": names},
-                resources=Resources(cpu=1), kind="eval", description=made_by(evaluate_lm),
+                resources=resources, kind="eval", description=made_by(evaluate_lm),
                 kinds=["levanter", "jax"], checks=[every_set_evaluated(names)])
 
 
@@ -199,7 +198,7 @@ def checkpoint_eval_step(name: str, train: TrainStep, validation: Mapping[str, S
     def run(out: str) -> EvalResult:
         caches = {k: load_result(validation[k], TokenizedCache).path for k in names}
         return evaluate_lm(out, train.checkpoint_path(checkpoint_step), train.model, train.tokenizer_path(),
-                           caches, max_eval_batches)
+                           caches, max_eval_batches, vocab_size=train.vocab_size())
 
     return Step(name=name, fn=run, deps=[validation[k] for k in names],
                 hash_attrs={"checkpoint_of": train.name_with_hash, "checkpoint_step": checkpoint_step,

@@ -6,21 +6,114 @@ Levanter or JAX.
   config we write, and GPT-2's converter (hardwired to the hub's "gpt2") is overridden.
 - No W&B: the JSON logger tracker, written to a JSONL file we parse for curves.
 - No accelerator required; no Ray started by Levanter; no JAX distributed on one host.
+- A model's vocabulary is its own (the tokenizer's largest id + 1, rounded up), not
+  `len(tokenizer)`: Levanter sizes the embedding with `len(config.data.the_tokenizer)` and
+  counts bytes per id over `range(len(tokenizer.get_vocab()))`, so the data config we pass
+  hands Levanter a `model_vocab_view` of the tokenizer (no Levanter module is patched).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import json
 import logging
 import os
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.specs import MIXTURE_BLOCK_SIZE, ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.tokenizer import largest_token_id
+
+NO_TOKEN = "<|marin:no-token-{}|>"
+"""The name `model_vocab_view` gives, in `get_vocab()`, to an id the tokenizer has no token for."""
+JAX_BACKENDS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "gpu": "gpu", "tpu": "tpu"}
+"""JAX platform name → the backend `jax.default_backend()` reports for it."""
+
+
+class AcceleratorError(RuntimeError):
+    """The step asked for an accelerator JAX cannot use here."""
+
+
+class _IdList(list):
+    """A list of ids whose `in` is a set lookup: Levanter asks `id in all_special_ids` for every id."""
+
+    def __init__(self, ids: Sequence[int]):
+        super().__init__(ids)
+        self._set = frozenset(ids)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._set
+
+
+class _ModelVocabulary:
+    """What a `model_vocab_view` changes in the tokenizer it views (see there)."""
+
+    _marin_base: Any
+    _marin_vocab_size: int
+    _marin_vocab: dict[str, int]
+    _marin_special_ids: _IdList
+
+    def __len__(self) -> int:
+        return self._marin_vocab_size
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self._marin_vocab)
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return self._marin_special_ids
+
+    def save_pretrained(self, *args: Any, **kwargs: Any) -> Any:
+        return self._marin_base.save_pretrained(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return model_vocab_view, (self._marin_base, self._marin_vocab_size)
+
+
+@functools.cache
+def _view_class(cls: type) -> type:
+    return type(f"ModelVocab{cls.__name__}", (_ModelVocabulary, cls), {"__doc__": model_vocab_view.__doc__})
+
+
+def model_vocab_view(tokenizer: Any, vocab_size: int) -> Any:
+    """The tokenizer as Levanter must see it for a model with `vocab_size` embedding rows.
+
+    A view sharing the Hugging Face tokenizer's state (an instance of a subclass of its class, so
+    Levanter's `isinstance` checks pass) that differs in four ways:
+    - `len()` is `vocab_size`: Levanter sizes the model's Vocab axis with `len(tokenizer)`;
+    - `get_vocab()` also names every id below `vocab_size` that has no token (cl100k's 100256, the
+      rows a rounded-up vocabulary adds) as `<|marin:no-token-ID|>`, so Levanter's bits-per-byte
+      table (`range(len(tokenizer.get_vocab()))`) covers every id the model can predict;
+    - `all_special_ids` includes those ids and every added token marked special (cl100k's
+      `<|endofprompt|>` is not in the tokenizer's own list): Levanter counts a special token as
+      zero bytes, and never asks a missing token for its text (which crashes on None);
+    - `save_pretrained` saves the tokenizer itself (a Hugging Face export loads without us).
+    Encoding, decoding and every other attribute are the tokenizer's own.
+    """
+    largest = largest_token_id(tokenizer)
+    if vocab_size <= largest:
+        raise ValueError(f"a vocabulary of {vocab_size} does not cover the tokenizer's largest id {largest}")
+    added = getattr(tokenizer, "added_tokens_decoder", {})  # id → AddedToken
+    vocab = dict(tokenizer.get_vocab()) | {str(t): i for i, t in added.items()}
+    taken = set(vocab.values())
+    missing = [i for i in range(vocab_size) if i not in taken]
+    vocab.update({NO_TOKEN.format(i): i for i in missing})
+    control = {i for i, t in added.items() if getattr(t, "special", False)}  # `<|endofprompt|>`: no text
+    cls: Any = type(tokenizer)
+    view: Any = object.__new__(_view_class(cls))
+    view.__dict__.update(tokenizer.__dict__)
+    view._marin_base = tokenizer
+    view._marin_vocab_size = vocab_size
+    view._marin_vocab = vocab
+    view._marin_special_ids = _IdList(sorted(set(tokenizer.all_special_ids) | control | set(missing)))
+    return view
 
 
 def _gpt2_local_class():
@@ -57,11 +150,12 @@ def write_reference_config(model: ModelSpec, vocab_size: int, directory: str) ->
             hidden_size=model.hidden_dim, intermediate_size=model.intermediate_dim,
             num_hidden_layers=model.num_layers, num_attention_heads=model.num_heads,
             num_key_value_heads=model.num_kv_heads, max_position_embeddings=model.max_seq_len,
+            rms_norm_eps=model.norm_epsilon, rope_theta=model.rope_theta, tie_word_embeddings=model.tie_embeddings,
             vocab_size=vocab_size, architectures=["LlamaForCausalLM"])
     else:
         config = transformers.GPT2Config(n_embd=model.hidden_dim, n_layer=model.num_layers, n_head=model.num_heads,
                                          n_positions=model.max_seq_len, vocab_size=vocab_size,
-                                         architectures=["GPT2LMHeadModel"])
+                                         layer_norm_epsilon=model.norm_epsilon, architectures=["GPT2LMHeadModel"])
     config.save_pretrained(directory)
     return directory
 
@@ -69,27 +163,71 @@ def write_reference_config(model: ModelSpec, vocab_size: int, directory: str) ->
 def model_config(model: ModelSpec, reference: str, tokenizer: str):
     """Levanter's model config for a `ModelSpec`, with its local reference checkpoint."""
     if model.family == "llama":
+        from levanter.layers.rotary import DefaultRotaryEmbeddingsConfig
         from levanter.models.llama import LlamaConfig
 
         return LlamaConfig(seq_len=model.seq_len, hidden_dim=model.hidden_dim, intermediate_dim=model.intermediate_dim,
                            num_layers=model.num_layers, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
+                           layer_norm_epsilon=model.norm_epsilon, tie_word_embeddings=model.tie_embeddings,
+                           rope=DefaultRotaryEmbeddingsConfig(theta=model.rope_theta),
                            reference_checkpoint=reference, tokenizer=tokenizer)
     return _gpt2_local_class()(seq_len=model.seq_len, hidden_dim=model.hidden_dim, num_layers=model.num_layers,
-                               num_heads=model.num_heads, reference_checkpoint=reference, tokenizer=tokenizer)
+                               num_heads=model.num_heads, layer_norm_epsilon=model.norm_epsilon,
+                               reference_checkpoint=reference, tokenizer=tokenizer)
 
 
-def data_config(tokenizer: str, caches: dict[str, str], weights: dict[str, float]):
-    """A mixture over finished caches (`{cache}/{train,validation}`); weight 0 → validation only."""
-    from levanter.data.text import LMMixtureDatasetConfig, UrlDatasetSourceConfig
+@functools.cache
+def _mixture_class():
+    from levanter.compat.hf_checkpoints import load_tokenizer
+    from levanter.data.text import LMMixtureDatasetConfig
 
-    return LMMixtureDatasetConfig(tokenizer=tokenizer, cache_dir=None,
-                                  configs={k: UrlDatasetSourceConfig(cache_dir=path) for k, path in caches.items()},
-                                  train_weights=dict(weights))
+    @dataclass(frozen=True)
+    class ModelVocabMixtureConfig(LMMixtureDatasetConfig):
+        """Levanter's mixture config whose tokenizer is a `model_vocab_view` for the model's vocabulary."""
+
+        model_vocab_size: int | None = None
+        """Rows of the model's embedding; None: `len(tokenizer)`, as Levanter has it."""
+
+        @cached_property
+        def the_tokenizer(self):
+            tokenizer = load_tokenizer(self.tokenizer)
+            return tokenizer if self.model_vocab_size is None else model_vocab_view(tokenizer, self.model_vocab_size)
+
+    return ModelVocabMixtureConfig
+
+
+def data_config(tokenizer: str, caches: dict[str, str],
+                weights: Mapping[str, float] | Sequence[tuple[int, Mapping[str, float]]],
+                vocab_size: int | None = None, max_train_batches: Mapping[str, int] | None = None,
+                block_size: int = MIXTURE_BLOCK_SIZE):
+    """A mixture over finished caches (`{cache}/{train,validation}`); weight 0 → validation only.
+
+    `weights`: constant, or staged as (start step, weights) pairs (Levanter's `train_weights`);
+    `vocab_size`: the model's vocabulary (Levanter then sees a `model_vocab_view` of the tokenizer);
+    `max_train_batches`: component → train on only its first that many batches' worth of sequences;
+    `block_size`: the mixing block in sequences; stage starts (step × batch size) must fall on one.
+    """
+    from levanter.data.text import UrlDatasetSourceConfig
+
+    train_weights: dict[str, float] | list[tuple[int, dict[str, float]]]
+    if isinstance(weights, Mapping):
+        train_weights = dict(weights)
+    else:
+        stages = [(int(start), dict(w)) for start, w in weights]
+        train_weights = stages[0][1] if len(stages) == 1 else stages
+    return _mixture_class()(tokenizer=tokenizer, cache_dir=None,
+                            configs={k: UrlDatasetSourceConfig(cache_dir=path) for k, path in caches.items()},
+                            train_weights=train_weights, model_vocab_size=vocab_size,
+                            max_train_batches=dict(max_train_batches) if max_train_batches else None,
+                            mixture_block_size=block_size)
 
 
 def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_logger: str,
-                   checkpoint_dir: str | None = None):
-    """Levanter's trainer config for a `TrainerSpec`: offline, JSON metrics, checkpoints under `checkpoint_root`."""
+                   checkpoint_dir: str | None = None, require_accelerator: bool = False):
+    """Levanter's trainer config for a `TrainerSpec`: offline, JSON metrics, checkpoints under `checkpoint_root`.
+
+    `trainer.num_train_steps` is the run's length (a `TokenBudget` has already been applied to it).
+    """
     import jmp
     from levanter.callbacks.watch import WatchConfig
     from levanter.checkpoint import CheckpointerConfig
@@ -110,10 +248,71 @@ def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_l
         steps_per_eval=trainer.steps_per_eval, max_eval_batches=trainer.max_eval_batches,
         checkpointer=CheckpointerConfig(base_path=checkpoint_dir or os.path.join(output_dir, "checkpoints"),
                                         save_interval=timedelta(minutes=30), keep=keep),
-        require_accelerator=False, ray=RayConfig(auto_start_cluster=False),
+        require_accelerator=require_accelerator, ray=RayConfig(auto_start_cluster=False),
         distributed=DistributedConfig(initialize_jax_distributed=False),
         watch=WatchConfig(watch_targets=[]), log_jaxprs=False, log_xla_hlo=False,
     )
+
+
+def export_checkpoint(checkpoint: str, output_dir: str, model: ModelSpec, tokenizer_path: str,
+                      vocab_size: int) -> str:
+    """Write a Levanter checkpoint of `model` (`vocab_size` embedding rows) as a Hugging Face folder."""
+    from levanter.main.export_lm_to_hf import ConvertLmConfig, main
+
+    with tempfile.TemporaryDirectory(prefix="marin-export-") as scratch:
+        reference = write_reference_config(model, vocab_size, os.path.join(scratch, "ref"))
+        cwd = os.getcwd()
+        os.chdir(scratch)  # Levanter's converter writes ./logs wherever it runs
+        try:
+            trainer = trainer_config(TrainerSpec(num_train_steps=1), "export", scratch, "marin.export")
+            with restored_root_logging():
+                main(ConvertLmConfig(trainer=trainer, checkpoint_path=checkpoint, output_dir=output_dir,
+                                     model=model_config(model, reference, tokenizer_path), tokenizer=tokenizer_path,
+                                     override_vocab_size=vocab_size, save_tokenizer=True, use_cpu=True))
+        finally:
+            os.chdir(cwd)
+    return output_dir
+
+
+def use_platform(platform: str | None, who: str) -> None:
+    """Make JAX in this process run on `platform` (`cuda`, `tpu`, `cpu`), whatever `JAX_PLATFORMS` says.
+
+    The environment may say `cpu` (the Makefile exports it, and the Ray resource forwards it to
+    every worker): an accelerator step overrides it here, before Levanter starts JAX. A worker
+    whose JAX already runs elsewhere (it ran a CPU step before) has its backends cleared and
+    started again. JAX without the platform's plugin is an `AcceleratorError` naming `who`,
+    before any compute. None: leave JAX to `JAX_PLATFORMS` and its own choice.
+    """
+    if platform is None:
+        return
+    if platform not in JAX_BACKENDS:
+        raise ValueError(f"{who}: unknown JAX platform {platform!r} (known: {sorted(JAX_BACKENDS)})")
+    import jax
+    from jax.extend import backend as jax_backend
+
+    previous = getattr(jax.config, "jax_platforms")  # noqa: B009  (a config state mypy does not see)
+    jax.config.update("jax_platforms", platform)
+    cleared = False
+    try:
+        found = jax.default_backend()
+        if found != JAX_BACKENDS[platform]:  # this process started JAX elsewhere before
+            jax_backend.clear_backends()
+            cleared = True
+            found = jax.default_backend()
+        problem = None if found == JAX_BACKENDS[platform] else f"JAX started on {found!r}"
+    except Exception as e:  # JAX raises a bare AssertionError or a RuntimeError for a backend it cannot start
+        problem = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no backend'}"
+        if JAX_BACKENDS[platform] == "gpu" and importlib.util.find_spec("jax_cuda12_plugin") is None:
+            problem = "JAX's CUDA 12 plugin (jax-cuda12-plugin) is not installed"
+    if problem is None:
+        return
+    jax.config.update("jax_platforms", previous)
+    if cleared:
+        jax_backend.clear_backends()
+    hint = ("install JAX with CUDA: pip install 'jax[cuda12]==0.7.2' (docs/gpu.md)" if JAX_BACKENDS[platform] == "gpu"
+            else "install JAX with TPU support: pip install 'jax[tpu]==0.7.2'" if platform == "tpu" else "")
+    raise AcceleratorError(f"{who}: asked to run on {platform!r}, but JAX {jax.__version__} cannot start that"
+                           f" backend here ({problem}){'; ' + hint if hint else ''}")
 
 
 def optimizer_config(optimizer: OptimizerSpec):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.evaluate import evaluate_step
@@ -19,8 +20,12 @@ def lr_label(value: float) -> str:
 
 def lr_model_sweep(prefix: str, train: dict[str, Step], models: dict[str, ModelSpec], learning_rates: Sequence[float],
                    trainer: TrainerSpec = TrainerSpec(), optimizer: OptimizerSpec = OptimizerSpec(),
-                   validation: dict[str, Step] | None = None, evaluate: bool = True) -> list[Step]:
+                   validation: dict[str, Step] | None = None, evaluate: bool = True,
+                   **train_options: Any) -> list[Step]:
     """`checkpoints/{prefix}-{model}-lr{lr}` for every model × learning rate, plus `evals/…` for each.
+
+    `train_options` go to every `train_step` (`weights`, `budget`, `init_from`, `gpu`, …); the evaluations run
+    on the same GPUs.
 
     A grid point given twice (the same learning rate twice, or two labels for one model) and
     two points whose run names come out the same (learning rates that print alike) are
@@ -46,8 +51,10 @@ def lr_model_sweep(prefix: str, train: dict[str, Step], models: dict[str, ModelS
     steps: list[Step] = []
     for run, (label, lr) in runs.items():
         tuned = dataclasses.replace(optimizer, learning_rate=lr)
-        trained = train_step(f"checkpoints/{run}", train, models[label], tuned, trainer, validation=validation)
+        trained = train_step(f"checkpoints/{run}", train, models[label], tuned, trainer, validation=validation,
+                             **train_options)
         steps.append(trained)
         if evaluate:
-            steps.append(evaluate_step(f"evals/{run}", trained, {**train, **(validation or {})}))
+            steps.append(evaluate_step(f"evals/{run}", trained, {**train, **(validation or {})},
+                                       gpu=train_options.get("gpu", 0), gpu_type=train_options.get("gpu_type")))
     return steps
