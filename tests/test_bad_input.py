@@ -68,6 +68,9 @@ CASES = {
     "negative_weight": Case("a negative mixture weight", r"mixture weights must be non-negative"),
     "zero_weights": Case("mixture weights all zero", r"mixture weights are all zero"),
     "mixed_tokenizers": Case("a mixture mixing tokenizers", r"the mixture mixes tokenizers"),
+    "less_than_a_batch": Case("training data smaller than one batch",
+                              r"component 'tiny' has \d+ train tokens in 3 documents, less than one batch"
+                              r" \(16 sequences × 128 tokens = 2,048 tokens\)"),
     "unhashable_attr": Case("a hash_attr with no stable encoding", r"step 'raw/x': hash_attrs\['fn'\] is a callable"),
     "dotdot_name": Case("a step name with '..'", r"invalid step name 'raw/\.\./x': it contains '\.\.'"),
     "absolute_name": Case("an absolute step name", r"invalid step name '/raw/x': it starts with '/'"),
@@ -257,6 +260,17 @@ def test_a_mixture_mixing_tokenizers():
     text = fails_at_definition("mixed_tokenizers", lambda: train_step(
         "checkpoints/mixed", {"a": tokenized("a", "tokenizers/one"), "b": tokenized("b", "tokenizers/two")}))
     assert "'checkpoints/mixed'" in text
+
+
+def test_training_data_smaller_than_one_batch_fails_before_any_compute(tmp_path, prefix, neighbour, tokenizer_dir):
+    texts = "".join(json.dumps({"text": f"a short document number {i}"}) + "\n" for i in range(3))
+    data, tok, tokenized_step = tokenize_folder(tmp_path, tokenizer_dir, {"a.jsonl": texts}, "tiny")
+    train = train_step("checkpoints/tiny", {"tiny": tokenized_step}, ModelSpec(hidden_dim=32, intermediate_dim=64,
+                       num_layers=1, num_heads=2, num_kv_heads=2, seq_len=128),
+                       trainer=TrainerSpec(num_train_steps=2, train_batch_size=16))
+    started = time.monotonic()
+    fails_at_materialize("less_than_a_batch", [data, tok, tokenized_step, train], prefix)
+    assert time.monotonic() - started < 60, "the check runs before Levanter compiles anything"
 
 
 def test_unencodable_hash_attrs_bad_names_duplicates_and_escaping_overrides():
