@@ -134,6 +134,8 @@ def list_checkpoints(run_dir: str, known: Collection[int] = ()) -> dict[int, boo
             metadata = json.loads(fs.cat_file(f"{entry.rstrip('/')}/metadata.json"))
         except FileNotFoundError:
             continue
+        except ValueError:  # Levanter is writing it (not atomically): still being written
+            continue
         found[int(name[5:])] = bool(metadata.get("is_temporary", False))
     return found
 
