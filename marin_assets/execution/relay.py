@@ -103,10 +103,37 @@ def _relaying(lines: queue.Queue) -> Iterator[None]:
         sys.stdout, sys.stderr = saved
 
 
+def _follow_hub_settings() -> None:
+    """Make this step's HF_ENDPOINT / HF_HUB_OFFLINE take effect in a warm worker.
+
+    `huggingface_hub` reads them once, when first imported (by an earlier step on this worker, e.g.
+    through transformers), and keeps a requests session per thread: without this a step sent to a
+    local hub, or online, would still go to the old endpoint, or be refused as offline.
+    """
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is None:
+        return
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+    if getattr(constants, "ENDPOINT", None) == endpoint and getattr(constants, "HF_HUB_OFFLINE", None) == offline:
+        return
+    template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    settings = {"ENDPOINT": endpoint, "HF_HUB_OFFLINE": offline, "HUGGINGFACE_CO_URL_TEMPLATE": template}
+    for name, value in settings.items():
+        setattr(constants, name, value)
+    file_download = sys.modules.get("huggingface_hub.file_download")
+    if file_download is not None:
+        setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template)  # noqa: B010 — a copy bound at import
+    from huggingface_hub.utils import reset_sessions
+
+    reset_sessions()
+
+
 @contextlib.contextmanager
 def _environment(env: dict[str, str]) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    _follow_hub_settings()
     try:
         yield
     finally:
