@@ -268,9 +268,9 @@ def test_training_data_smaller_than_one_batch_fails_before_any_compute(tmp_path,
     train = train_step("checkpoints/tiny", {"tiny": tokenized_step}, ModelSpec(hidden_dim=32, intermediate_dim=64,
                        num_layers=1, num_heads=2, num_kv_heads=2, seq_len=128),
                        trainer=TrainerSpec(num_train_steps=2, train_batch_size=16))
-    started = time.monotonic()
     fails_at_materialize("less_than_a_batch", [data, tok, tokenized_step, train], prefix)
-    assert time.monotonic() - started < 60, "the check runs before Levanter compiles anything"
+    out = Path(train.output_path_under(prefix))
+    assert not (out / "checkpoints").exists() and not (out / "metrics.jsonl").exists(), "Levanter never started"
 
 
 def test_unencodable_hash_attrs_bad_names_duplicates_and_escaping_overrides():

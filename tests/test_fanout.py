@@ -50,8 +50,7 @@ def completions(events: list) -> collections.Counter:
 
 
 def test_a_step_task_holding_the_only_cpu_fans_out_and_finishes(one_cpu_ray):
-    found = scenario(one_cpu_ray, "step")
-    assert found["wall"] < 60  # generous: it does not hang (the worker gives a step up after 90 s)
+    found = scenario(one_cpu_ray, "step")  # a hang would be a "failed" outcome: the worker stops a step at 90 s
     assert "failed" not in found["step"], found["step"]
     assert [r["item"] for r in found["step"]["results"]] == [0, 1, 2, 3]
     assert completions(found["events"]) == {0: 1, 1: 1, 2: 1, 3: 1}, found["events"]
@@ -59,7 +58,6 @@ def test_a_step_task_holding_the_only_cpu_fans_out_and_finishes(one_cpu_ray):
 
 def test_many_fan_outs_on_a_ray_whose_cpu_they_hold_all_finish(one_cpu_ray):
     found = scenario(one_cpu_ray, "many")
-    assert found["wall"] < 60
     for step, events in zip(found["steps"], found["events"], strict=True):
         assert "failed" not in step, step
         assert [r["item"] for r in step["results"]] == [0, 1, 2]
@@ -70,10 +68,9 @@ def test_an_infeasible_task_request_fails_at_once_naming_request_and_offer(one_c
     memory, tpu = scenario(one_cpu_ray, "infeasible")["outcomes"]
     for outcome, needs in ((memory, "needs {CPU=1, memory=1048576.0GiB} on one node"), (tpu, "needs {CPU=1, TPU=4}")):
         assert outcome["error"] == "InfeasibleRequestError", outcome
-        assert outcome["seconds"] < 5
         assert outcome["message"].startswith("too-big: each task ") and needs in outcome["message"]
         assert "Nodes offer: {CPU=1, memory=" in outcome["message"]
-        assert outcome["ran"] == []  # refused before any item ran
+        assert outcome["ran"] == []  # refused before any item ran (the caller itself would have run items)
 
 
 def test_an_item_whose_task_died_is_finished_by_the_caller_once_its_claim_is_stale(one_cpu_ray):
@@ -85,7 +82,6 @@ def test_an_item_whose_task_died_is_finished_by_the_caller_once_its_claim_is_sta
     assert completions(found["events"]) == {0: 1, 1: 1}
     assert any("the Ray task of item 0 (0) died" in line for line in found["log"]), found["log"]
     assert any("taking over item 0 (0): stale RUNNING" in line for line in found["log"]), found["log"]
-    assert 2.0 <= found["seconds"] < 60  # it waited for the claim to go stale (2 s), not forever
 
 
 # --- on the suite's 2-CPU Ray ---------------------------------------------------------------------
