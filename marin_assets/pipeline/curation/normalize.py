@@ -1,0 +1,126 @@
+"""normalize: any supported dataset → the curated format (`shards`), the input of every other stage.
+
+Each input file (JSON lines plain or compressed, parquet, text; see `readers`) is read in order and
+cut into parquet shards of about `target_shard_bytes` of text, one input file's documents never
+sharing a shard with another's, so files are the unit of resumption and of fan-out. Every document
+gets its `id` (xxh3-128 of the text) and `source` (`file:line`, the file relative to the dataset).
+Documents whose text is empty or only whitespace are removed (reason `empty`). When every file is
+done, the shards are numbered in input order (`part-00000` …): the same input gives the same shards.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+
+from marin_assets.core.paths import join_path
+from marin_assets.core.step import Step, made_by
+from marin_assets.pipeline.curation.shards import document_id, shard_path, work_path, write_shard
+from marin_assets.pipeline.curation.stage import (
+    CurationResult,
+    Removed,
+    ShardStats,
+    curation_step,
+    run_phase,
+    summarize,
+)
+from marin_assets.pipeline.readers import iter_text_batches
+from marin_assets.pipeline.text_files import expand_files, find_splits
+
+STAGE = "normalize"
+
+
+def _normalize_file(dataset_path: str, output_path: str, text_field: str, text_format: str, target_shard_bytes: int,
+                    item: tuple[str, int, str]) -> dict[str, Any]:
+    """One input file → `_work/files/{split}-{n}/part-NNNNN.parquet`; its counts and shard count."""
+    split, number, file = item
+    relative = file[len(dataset_path):].lstrip("/") if file.startswith(dataset_path) else file
+    folder = work_path(output_path, "files", f"{split}-{number:05d}")
+    ids: list[str] = []
+    texts: list[str] = []
+    sources: list[str] = []
+    size = documents_in = bytes_in = bytes_out = shards = 0
+    empty = Removed()
+
+    def flush() -> None:
+        nonlocal ids, texts, sources, size, shards
+        write_shard(pa.table({"id": ids, "text": texts, "source": sources}),
+                    join_path(folder, f"part-{shards:05d}.parquet"))
+        shards += 1
+        ids, texts, sources, size = [], [], [], 0
+
+    line = 0
+    for batch in iter_text_batches(file, text_field=text_field, text_format=text_format, batch_size=1024):
+        for text in batch:
+            line += 1
+            length = len(text.encode("utf-8", "surrogatepass"))
+            documents_in += 1
+            bytes_in += length
+            if not text.strip():
+                empty += Removed(1, length, 0)
+                continue
+            ids.append(document_id(text))
+            texts.append(text)
+            sources.append(f"{relative}:{line}")
+            size += length
+            bytes_out += length
+            if size >= target_shard_bytes:
+                flush()
+    if ids or not shards:
+        flush()
+    stats = ShardStats(split, documents_in, bytes_in, documents_in - empty.documents, bytes_out,
+                       {"empty": empty} if empty.documents else {})
+    return {"stats": stats.to_json(), "shards": shards}
+
+
+def normalize(output_path: str, dataset_path: str, splits: dict[str, list[str]] | None = None,
+              text_field: str = "text", text_format: str = "auto", target_shard_bytes: int = 64 << 20,
+              workers: int = 1) -> CurationResult:
+    """Read a dataset's splits (`{split: [glob, …]}`, or found from its layout) into curated parquet shards."""
+    chosen = dict(splits) if splits else find_splits(dataset_path)
+    items = [(split, n, file) for split, patterns in chosen.items()
+             for n, file in enumerate(expand_files(dataset_path, patterns))]
+    outcomes = run_phase(output_path, "normalized", items,
+                         functools.partial(_normalize_file, dataset_path.rstrip("/"), output_path, text_field,
+                                           text_format, target_shard_bytes),
+                         key_of=lambda item: f"{item[0]}-{item[1]:05d}", workers=workers,
+                         name=f"{STAGE} {len(items)} files")
+    fs, _ = fsspec.core.url_to_fs(output_path)
+    counter: dict[str, int] = {}
+    for (split, number, _), outcome in zip(items, outcomes, strict=True):
+        folder = work_path(output_path, "files", f"{split}-{number:05d}")
+        for part in range(outcome["shards"]):
+            index = counter.get(split, 0)
+            counter[split] = index + 1
+            source = join_path(folder, f"part-{part:05d}.parquet")
+            target = shard_path(output_path, split, index)
+            if fs.exists(_fs_path(source)):  # a re-run after a crash here finds the moved ones in place
+                fs.makedirs(_fs_path(target).rsplit("/", 1)[0], exist_ok=True)
+                fs.mv(_fs_path(source), _fs_path(target))
+    stats = [ShardStats.from_json(o["stats"]) for o in outcomes]
+    summary = summarize(STAGE, output_path, stats)
+    summary["splits"] = {split: type(count)(counter.get(split, 0), count.documents, count.bytes)
+                         for split, count in summary["splits"].items()}
+    return CurationResult(**summary)
+
+
+def _fs_path(url: str) -> str:
+    return fsspec.core.url_to_fs(url)[1]
+
+
+def normalize_step(name: str, dataset: Step, splits: dict[str, list[str]] | None = None, text_field: str = "text",
+                   text_format: str = "auto", target_shard_bytes: int = 64 << 20, workers: int = 1,
+                   max_removed_fraction: float = 0.5) -> Step:
+    """`dataset` (any supported format) as curated parquet shards of about `target_shard_bytes` each."""
+    chosen: Sequence[Any] | dict[str, list[str]] | str = ({k: list(v) for k, v in splits.items()} if splits is not None
+                                                           else "from-layout")
+    return curation_step(
+        name, STAGE,
+        lambda out: normalize(out, dataset.output_path, splits, text_field, text_format, target_shard_bytes, workers),
+        dataset, {"splits": chosen, "text_field": text_field, "text_format": text_format,
+                  "target_shard_bytes": target_shard_bytes, "id": "xxh3-128"},
+        description=made_by(normalize), max_removed_fraction=max_removed_fraction, cpu=1)

@@ -1,0 +1,121 @@
+"""The normalized format every curation stage reads and writes.
+
+A curated dataset is parquet shards `{output}/{split}/part-NNNNN.parquet` with at least the columns
+`id` (a 128-bit content hash of the text, 32 hex digits: stable across runs and machines), `text`
+and `source` (`file:line` it came from); a stage keeps every other column it does not own.
+Everything a stage needs besides its output (per-shard stats, claims, intermediate hash buckets)
+lives under `{output}/_work/`, which the tokenize step's split discovery does not read.
+Shards are written whole and renamed into place, so a reader never sees a partial one.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from marin_assets.core.files import atomic_write
+from marin_assets.core.paths import join_path
+
+WORK_DIR = "_work"
+"""Under a stage's output: its bookkeeping, never read as data."""
+SHARD_NAME = re.compile(r"^part-(\d{5})\.parquet$")
+REQUIRED = ("id", "text", "source")
+
+
+class CurationError(ValueError):
+    """Bad input or a result a curation stage refuses: the message names the stage, file and row."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One parquet shard of a normalized dataset."""
+
+    split: str
+    index: int
+    path: str
+
+    @property
+    def key(self) -> str:
+        """`train-00003`: names the shard's bookkeeping files."""
+        return f"{self.split}-{self.index:05d}"
+
+    def output_under(self, output_path: str) -> str:
+        """The same shard's place in another dataset."""
+        return shard_path(output_path, self.split, self.index)
+
+
+def shard_path(output_path: str, split: str, index: int) -> str:
+    return join_path(output_path, split, f"part-{index:05d}.parquet")
+
+
+def work_path(output_path: str, *parts: str) -> str:
+    return join_path(output_path, WORK_DIR, *parts)
+
+
+def document_id(text: str) -> str:
+    """The 128-bit content hash (xxh3) of a document's text, as 32 hex digits."""
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+
+
+def list_shards(stage: str, dataset_path: str) -> list[Shard]:
+    """The shards of a normalized dataset, split by split (in name order), then by index."""
+    fs, root = fsspec.core.url_to_fs(dataset_path)
+    protocol = dataset_path.split("://", 1)[0] + "://" if "://" in dataset_path else ""
+    shards = []
+    try:
+        splits = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(root, detail=True)
+                        if e["type"] == "directory")
+    except FileNotFoundError:
+        raise CurationError(f"{stage}: input {dataset_path} does not exist") from None
+    for split in splits:
+        if split.startswith((".", "_")):
+            continue
+        for name in sorted(p.rsplit("/", 1)[-1] for p in fs.ls(join_path(root, split), detail=False)):
+            if m := SHARD_NAME.match(name):
+                shards.append(Shard(split, int(m.group(1)), protocol + join_path(root, split, name)))
+    if not shards:
+        raise CurationError(f"{stage}: {dataset_path} holds no normalized shards ({{split}}/part-00000.parquet);"
+                            " curation stages read the output of a normalize step")
+    return shards
+
+
+def read_shard(stage: str, path: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """A whole shard (or some of its columns); an unreadable file or a missing column names the file."""
+    try:
+        with fsspec.open(path, "rb") as f:
+            table = pq.read_table(f, columns=list(columns) if columns is not None else None)
+    except FileNotFoundError:
+        raise CurationError(f"{stage}: shard {path} is missing") from None
+    except (pa.ArrowInvalid, OSError, KeyError) as e:
+        raise CurationError(f"{stage}: shard {path} is unreadable: {e}") from None
+    wanted = list(columns) if columns is not None else list(REQUIRED)
+    missing = [c for c in wanted if c not in table.column_names]
+    if missing:
+        raise CurationError(f"{stage}: shard {path} has no column {', '.join(map(repr, missing))}"
+                            f" (it has {', '.join(table.column_names)})")
+    text = table.column("text") if "text" in table.column_names else None
+    if text is not None and text.null_count:
+        row = next(i for i, v in enumerate(text.is_null().to_pylist()) if v)
+        raise CurationError(f"{stage}: shard {path} row {row}: text is null")
+    return table
+
+
+def write_shard(table: pa.Table, path: str) -> None:
+    """Write a shard whole (zstd parquet) and move it into place: never seen half-written."""
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression="zstd", row_group_size=8192)
+    atomic_write(path, buffer.getvalue())
+
+
+def text_bytes(texts: pa.ChunkedArray | pa.Array) -> int:
+    """UTF-8 bytes of a text column (what Arrow stores), without copying it out."""
+    import pyarrow.compute as pc
+
+    return int(pc.sum(pc.binary_length(texts)).as_py() or 0)
