@@ -60,3 +60,19 @@ def gs_prefix(gcs):
     import uuid
 
     return f"gs://marin/{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def planted(tmp_path_factory):
+    """The planted corpus (real documentation with known defects, `curation.planted`): raw, normalized
+    into several shards, and its truth. Stages read `planted.normalized` and write under their own tmp_path."""
+    from types import SimpleNamespace
+
+    from marin_assets.pipeline.curation.normalize import normalize
+    from marin_assets.pipeline.curation.planted import plant_corpus
+
+    root = tmp_path_factory.mktemp("planted")
+    truth = plant_corpus(str(root / "raw"))
+    normalized = normalize(str(root / "normalized"), str(root / "raw"), target_shard_bytes=100_000)
+    return SimpleNamespace(raw=str(root / "raw"), normalized=str(root / "normalized"), truth=truth,
+                           normalize_result=normalized)

@@ -1,0 +1,235 @@
+"""A corpus with known defects planted in real text: what curation's precision and recall are measured on.
+
+The base is real English — the running Python's documentation (`python_docs`), documents of at least
+`MIN_WORDS` words, at most a few per module and none a near-duplicate of another (5-gram Jaccard
+below 0.3), so what a stage removes from the base is a false positive. Planted, deterministically
+from `seed`:
+
+- exact duplicates: some base documents copied 2–4 times;
+- near-duplicates: copies with a known number of words replaced (`NEAR_EDITS`), and far copies with
+  half of their words replaced (not duplicates: a stage must keep them);
+- a repeated paragraph (a boilerplate line) appended to several base documents (paragraph dedup);
+- low-quality documents of named kinds (`LOW_QUALITY_KINDS`): symbol runs, repeated lines, very short,
+  word salad without stop words, digits, over-long words;
+- contamination: paragraphs of two evaluation sets (one line each, from documentation *not* in the
+  corpus) inserted into documents, and near misses that share only a 10-word phrase with one.
+
+Written as raw JSON lines (`train/shard-00000.jsonl.gz`, the format normalize reads), the evaluation
+sets as `eval/{name}.jsonl`, labeled data for a quality classifier as `labeled/{positive,negative}/`
+(disjoint from the corpus), and the ground truth as `truth.json`, keyed by document id (the content
+hash normalize gives every document, so truth survives every stage).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sysconfig
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from marin_assets.core.files import atomic_write, read_bytes
+from marin_assets.core.paths import join_path
+from marin_assets.core.step import Step, made_by
+from marin_assets.pipeline.corpus import write_jsonl_shards
+from marin_assets.pipeline.curation.shards import document_id
+from marin_assets.pipeline.python_docs import python_documents
+
+MIN_WORDS = 80
+NEAR_EDITS = (1, 2, 4, 8)
+"""Words replaced in near-duplicate copies (documents of at least MIN_WORDS words)."""
+FAR_FRACTION = 0.5
+LOW_QUALITY_KINDS = ("symbols", "repeated_lines", "short", "word_salad", "digits", "long_words")
+EVAL_SETS = ("stdlib-qa", "pydoc-reference")
+BOILERPLATE = ("This documentation is part of the planted corpus and is repeated verbatim in several documents so"
+               " that paragraph deduplication has something to find.")
+
+
+@dataclass(frozen=True)
+class NearDuplicate:
+    original: str
+    copy: str
+    edits: int
+    """Words replaced; `far` copies have half their words replaced."""
+    words: int
+    far: bool = False
+
+
+@dataclass(frozen=True)
+class Contaminated:
+    id: str
+    eval_set: str
+    eval_record: int
+    """Line number (from 1) of the record in `eval/{eval_set}.jsonl`."""
+
+
+@dataclass(frozen=True)
+class PlantedTruth:
+    """What was planted, by document id."""
+
+    base_ids: list[str]
+    """Clean, distinct base documents (real text): removing one is a false positive."""
+    exact_duplicates: dict[str, int]
+    """id → copies in the corpus (2 or more); one should remain."""
+    near_duplicates: list[NearDuplicate]
+    repeated_paragraph: str
+    repeated_paragraph_ids: list[str]
+    """Documents (base text + the boilerplate line) holding `repeated_paragraph`."""
+    low_quality: dict[str, str]
+    """id → kind."""
+    contaminated: list[Contaminated]
+    near_misses: list[str]
+    """Documents sharing only a short phrase with an evaluation record: not contaminated."""
+    eval_sets: dict[str, str] = field(default_factory=dict)
+    """name → path of its JSON lines (`{"text": ...}` per record)."""
+    documents: int = 0
+
+
+def load_truth(corpus_path: str) -> PlantedTruth:
+    data = json.loads(read_bytes(join_path(corpus_path, "truth.json")) or b"null")
+    if data is None:
+        raise FileNotFoundError(f"{corpus_path}: no truth.json (not a planted corpus)")
+    return PlantedTruth(**{**data, "near_duplicates": [NearDuplicate(**n) for n in data["near_duplicates"]],
+                           "contaminated": [Contaminated(**c) for c in data["contaminated"]]})
+
+
+def _shingles(text: str, n: int = 5) -> set[tuple[str, ...]]:
+    words = text.lower().split()
+    return {tuple(words[i:i + n]) for i in range(max(len(words) - n + 1, 1))}
+
+
+def _distinct_documents(limit_per_group: int = 6) -> tuple[list[str], list[str]]:
+    """Real documentation texts of at least MIN_WORDS words, few per module, none near another; and the
+    other documents."""
+    documents, _ = python_documents(sysconfig.get_paths()["stdlib"], 40)
+    per_group: dict[str, int] = {}
+    chosen: list[tuple[str, set]] = []
+    others: list[str] = []
+    for d in documents:
+        if len(d.text.split()) < MIN_WORDS or per_group.get(d.group, 0) >= limit_per_group:
+            others.append(d.text)
+            continue
+        shingles = _shingles(d.text)
+        if any(len(shingles & s) / len(shingles | s) >= 0.3 for _, s in chosen):
+            others.append(d.text)
+            continue
+        per_group[d.group] = per_group.get(d.group, 0) + 1
+        chosen.append((d.text, shingles))
+    return [text for text, _ in chosen], others
+
+
+def _one_line_paragraphs(texts: Sequence[str], min_words: int = 25) -> list[str]:
+    """Paragraphs (blank-line separated) of at least `min_words` words, each re-flowed onto one line."""
+    found = []
+    for text in texts:
+        for paragraph in text.split("\n\n"):
+            words = paragraph.split()
+            if len(words) >= min_words:
+                found.append(" ".join(words))
+    return found
+
+
+def _replace_words(text: str, count: int, rng: random.Random, vocabulary: Sequence[str]) -> str:
+    words = text.split(" ")
+    positions = rng.sample([i for i, w in enumerate(words) if w.strip()], min(count, len(words)))
+    for i in positions:
+        words[i] = rng.choice(vocabulary)
+    return " ".join(words)
+
+
+def _low_quality(kind: str, rng: random.Random, vocabulary: Sequence[str]) -> str:
+    words = [rng.choice(vocabulary) for _ in range(120)]
+    if kind == "symbols":
+        return " ".join(w if i % 3 else "#### {{ }} ;; ||" for i, w in enumerate(words))
+    if kind == "repeated_lines":
+        return "\n".join([" ".join(words[:8])] * 25 + [" ".join(words[8:20])])
+    if kind == "short":
+        return " ".join(words[:rng.randint(3, 12)])
+    if kind == "word_salad":
+        return " ".join("".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(rng.randint(3, 8)))
+                        for _ in range(150))
+    if kind == "digits":
+        return " ".join(str(rng.randint(0, 10**rng.randint(1, 8))) for _ in range(150))
+    if kind == "long_words":
+        return " ".join("".join(rng.choice(vocabulary) for _ in range(4)) for _ in range(100))
+    raise ValueError(kind)
+
+
+def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exact_duplicates: int = 20,
+                 near_duplicates: int = 32, low_quality: int = 36, contaminated: int = 20,
+                 eval_records: int = 40, labeled: int = 120) -> PlantedTruth:
+    """Write the planted corpus, its evaluation sets, labeled quality data and truth under `output_path`."""
+    rng = random.Random(seed)
+    pool, others = _distinct_documents()
+    rng.shuffle(pool)
+    base, rest = pool[:base_documents], pool[base_documents:]
+    if len(base) < base_documents or len(rest) < labeled + 2 * contaminated + 12:
+        raise ValueError(f"only {len(pool)} distinct documents of {MIN_WORDS}+ words in this Python's documentation")
+    vocabulary = sorted({w for text in base for w in text.split() if w.isalpha() and w.islower()})
+    records: list[str] = list(base)
+    truth = PlantedTruth([document_id(t) for t in base], {}, [], BOILERPLATE, [], {}, [], [])
+
+    for text in rng.sample(base, exact_duplicates):
+        copies = rng.randint(2, 4)
+        records += [text] * (copies - 1)
+        truth.exact_duplicates[document_id(text)] = copies
+    originals = rng.sample(base, near_duplicates + near_duplicates // 4)
+    for i, text in enumerate(originals):
+        far = i >= near_duplicates
+        words = len(text.split())
+        edits = int(words * FAR_FRACTION) if far else NEAR_EDITS[i % len(NEAR_EDITS)]
+        copy = _replace_words(text, edits, rng, vocabulary)
+        records.append(copy)
+        truth.near_duplicates.append(NearDuplicate(document_id(text), document_id(copy), edits, words, far))
+    for text in rest[:12]:
+        with_boilerplate = text + "\n" + BOILERPLATE
+        records.append(with_boilerplate)
+        truth.repeated_paragraph_ids.append(document_id(with_boilerplate))
+    carriers = rest[12:]
+    for i in range(low_quality):
+        kind = LOW_QUALITY_KINDS[i % len(LOW_QUALITY_KINDS)]
+        text = _low_quality(kind, rng, vocabulary)
+        records.append(text)
+        truth.low_quality[document_id(text)] = kind
+
+    in_corpus = {g for text in pool for g in _shingles(text, 13)}
+    paragraphs = [p for p in _one_line_paragraphs(others) if not _shingles(p, 13) & in_corpus]
+    rng.shuffle(paragraphs)
+    eval_lines = {name: paragraphs[i * eval_records:(i + 1) * eval_records] for i, name in enumerate(EVAL_SETS)}
+    if any(len(lines) < eval_records for lines in eval_lines.values()):
+        raise ValueError(f"not enough documentation paragraphs for {len(EVAL_SETS)} sets of {eval_records} records")
+    for i in range(contaminated + contaminated // 2):  # carriers are taken from the front, positives from the back
+        name = EVAL_SETS[i % len(EVAL_SETS)]
+        number = rng.randrange(eval_records)
+        record = eval_lines[name][number]
+        carrier = carriers.pop(0)
+        if i < contaminated:
+            text = carrier.rstrip() + "\n" + record
+            truth.contaminated.append(Contaminated(document_id(text), name, number + 1))
+        else:
+            start = rng.randrange(max(len(record.split()) - 10, 1))
+            text = carrier.rstrip() + "\nAs noted, " + " ".join(record.split()[start:start + 10]) + "."
+            truth.near_misses.append(document_id(text))
+        records.append(text)
+    positives = carriers[-labeled:]
+    if len(positives) < labeled:
+        raise ValueError(f"not enough documentation left for {labeled} labeled positives")
+    negatives = [_low_quality(LOW_QUALITY_KINDS[i % len(LOW_QUALITY_KINDS)], rng, vocabulary) for i in range(labeled)]
+
+    rng.shuffle(records)
+    write_jsonl_shards(output_path, "train", [{"text": t} for t in records], 2)
+    for label, texts in (("positive", positives), ("negative", negatives)):
+        write_jsonl_shards(join_path(output_path, "labeled", label), "train", [{"text": t} for t in texts], 1)
+    for name, lines in eval_lines.items():
+        path = join_path(output_path, "eval", f"{name}.jsonl")
+        atomic_write(path, "".join(json.dumps({"text": line}) + "\n" for line in lines).encode())
+        truth.eval_sets[name] = path
+    done = PlantedTruth(**{**truth.__dict__, "documents": len(records)})
+    atomic_write(join_path(output_path, "truth.json"), json.dumps(asdict(done), indent=1).encode())
+    return done
+
+
+def planted_corpus_step(name: str, seed: int = 0) -> Step:
+    """The planted corpus (real documentation with known duplicates, junk and contamination) as a raw dataset."""
+    return Step(name=name, fn=lambda out: plant_corpus(out, seed), hash_attrs={"seed": seed, "format": "planted-v1"},
+                kind="generate", description=made_by(plant_corpus))
