@@ -14,7 +14,8 @@ from `seed`:
 - contamination: paragraphs of two evaluation sets (one line each, from documentation *not* in the
   corpus) inserted into documents, and near misses that share only a 10-word phrase with one.
 
-Written as raw JSON lines (`train/shard-00000.jsonl.gz`, the format normalize reads), the evaluation
+Written as raw JSON lines (`train/shard-00000.jsonl.gz`, the format normalize reads; `validation/` holds
+clean held-out documents, so the corpus can be tokenized and trained on like any dataset), the evaluation
 sets as `eval/{name}.jsonl`, labeled data for a quality classifier as `labeled/{positive,negative}/`
 (disjoint from the corpus), and the ground truth as `truth.json`, keyed by document id (the content
 hash normalize gives every document, so truth survives every stage).
@@ -68,7 +69,7 @@ class PlantedTruth:
     """What was planted, by document id."""
 
     base_ids: list[str]
-    """Clean, distinct base documents (real text): removing one is a false positive."""
+    """Clean, distinct base documents (real text) of the train split: removing one is a false positive."""
     exact_duplicates: dict[str, int]
     """id → copies in the corpus (2 or more); one should remain."""
     near_duplicates: list[NearDuplicate]
@@ -83,6 +84,8 @@ class PlantedTruth:
     eval_sets: dict[str, str] = field(default_factory=dict)
     """name → path of its JSON lines (`{"text": ...}` per record)."""
     documents: int = 0
+    """Of the train split; `validation/` holds `validation_ids`, clean documents no other split has."""
+    validation_ids: list[str] = field(default_factory=list)
 
 
 def load_truth(corpus_path: str) -> PlantedTruth:
@@ -157,7 +160,7 @@ def _low_quality(kind: str, rng: random.Random, vocabulary: Sequence[str]) -> st
 
 def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exact_duplicates: int = 20,
                  near_duplicates: int = 32, low_quality: int = 36, contaminated: int = 20,
-                 eval_records: int = 40, labeled: int = 120) -> PlantedTruth:
+                 eval_records: int = 40, labeled: int = 120, validation_documents: int = 24) -> PlantedTruth:
     """Write the planted corpus, its evaluation sets, labeled quality data and truth under `output_path`."""
     rng = random.Random(seed)
     pool, others = _distinct_documents()
@@ -211,20 +214,22 @@ def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exa
             text = carrier.rstrip() + "\nAs noted, " + " ".join(record.split()[start:start + 10]) + "."
             truth.near_misses.append(document_id(text))
         records.append(text)
-    positives = carriers[-labeled:]
-    if len(positives) < labeled:
+    validation, positives = carriers[:validation_documents], carriers[validation_documents:][-labeled:]
+    if len(positives) < labeled or len(validation) < validation_documents:
         raise ValueError(f"not enough documentation left for {labeled} labeled positives")
     negatives = [_low_quality(LOW_QUALITY_KINDS[i % len(LOW_QUALITY_KINDS)], rng, vocabulary) for i in range(labeled)]
 
     rng.shuffle(records)
     write_jsonl_shards(output_path, "train", [{"text": t} for t in records], 2)
+    write_jsonl_shards(output_path, "validation", [{"text": t} for t in validation], 1)
     for label, texts in (("positive", positives), ("negative", negatives)):
         write_jsonl_shards(join_path(output_path, "labeled", label), "train", [{"text": t} for t in texts], 1)
     for name, lines in eval_lines.items():
         path = join_path(output_path, "eval", f"{name}.jsonl")
         atomic_write(path, "".join(json.dumps({"text": line}) + "\n" for line in lines).encode())
         truth.eval_sets[name] = path
-    done = PlantedTruth(**{**truth.__dict__, "documents": len(records)})
+    done = PlantedTruth(**{**truth.__dict__, "documents": len(records),
+                           "validation_ids": [document_id(t) for t in validation]})
     atomic_write(join_path(output_path, "truth.json"), json.dumps(asdict(done), indent=1).encode())
     return done
 
