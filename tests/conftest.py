@@ -65,14 +65,18 @@ def gs_prefix(gcs):
 @pytest.fixture(scope="session")
 def planted(tmp_path_factory):
     """The planted corpus (real documentation with known defects, `curation.planted`): raw, normalized
-    into several shards, and its truth. Stages read `planted.normalized` and write under their own tmp_path."""
+    into several shards, and its truth. Stages read `planted.normalized` and write under their own tmp_path.
+    `planted.step` adopts the raw folder as a materialized step (SUCCESS), to use as a dependency."""
     from types import SimpleNamespace
 
+    from marin_assets import Step, materialize_step
     from marin_assets.pipeline.curation.normalize import normalize
     from marin_assets.pipeline.curation.planted import plant_corpus
 
     root = tmp_path_factory.mktemp("planted")
     truth = plant_corpus(str(root / "raw"))
     normalized = normalize(str(root / "normalized"), str(root / "raw"), target_shard_bytes=100_000)
+    step = Step(name="raw/planted", fn=lambda out: None, override_output_path=str(root / "raw"))
+    materialize_step(step, prefix=str(root / "prefix"))
     return SimpleNamespace(raw=str(root / "raw"), normalized=str(root / "normalized"), truth=truth,
-                           normalize_result=normalized)
+                           normalize_result=normalized, step=step)

@@ -16,7 +16,8 @@ from `seed`:
 
 Written as raw JSON lines (`train/shard-00000.jsonl.gz`, the format normalize reads; `validation/` holds
 clean held-out documents, so the corpus can be tokenized and trained on like any dataset), the evaluation
-sets as `eval/{name}.jsonl`, labeled data for a quality classifier as `labeled/{positive,negative}/`
+sets as `evalsets/{name}.jsonl` (not `eval/`: that name is read as a split), labeled data for a quality
+classifier as `labeled/{positive,negative}/`
 (disjoint from the corpus), and the ground truth as `truth.json`, keyed by document id (the content
 hash normalize gives every document, so truth survives every stage).
 """
@@ -61,7 +62,7 @@ class Contaminated:
     id: str
     eval_set: str
     eval_record: int
-    """Line number (from 1) of the record in `eval/{eval_set}.jsonl`."""
+    """Line number (from 1) of the record in `evalsets/{eval_set}.jsonl`."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exa
     for label, texts in (("positive", positives), ("negative", negatives)):
         write_jsonl_shards(join_path(output_path, "labeled", label), "train", [{"text": t} for t in texts], 1)
     for name, lines in eval_lines.items():
-        path = join_path(output_path, "eval", f"{name}.jsonl")
+        path = join_path(output_path, "evalsets", f"{name}.jsonl")
         atomic_write(path, "".join(json.dumps({"text": line}) + "\n" for line in lines).encode())
         truth.eval_sets[name] = path
     done = PlantedTruth(**{**truth.__dict__, "documents": len(records),
