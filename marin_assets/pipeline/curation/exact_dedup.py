@@ -1,0 +1,318 @@
+"""exact_dedup: every document (or paragraph) whose text occurred before, anywhere in the dataset, is removed.
+
+Identity is a 128-bit hash of the exact UTF-8 text (xxh3-128: by the birthday bound a trillion texts
+collide with odds near 10**-15). Deduplication is global, across every shard of every split, and keeps
+the first occurrence in (split as `list_shards` orders them, shard, row, paragraph) order, so the same
+input gives the same output however many workers or hash buckets ran it. A document repeated whole is
+removed as `duplicate`. With `paragraphs`, a document is also cut into paragraphs at
+`paragraph_separator` (pieces that are empty or only whitespace are neither hashed nor removed); a
+paragraph seen before is taken out (`duplicate paragraph`), the document keeping its other pieces joined
+as they were (and its `id`, the hash of its original text, so ids still name the input's documents),
+and a document left with no paragraph is removed (`all paragraphs duplicated`).
+
+No process holds the whole corpus. Three resumable phases (`stage.run_phase`), each fanned out:
+
+1. `hashes-{B}`, per shard: hash its documents (and paragraphs) into B bucket files (a hash's bucket
+   is its high 64 bits modulo B) of `ENTRY` rows — `_work/hashes-{B}/{shard}/bucket-NNNNN.npy`;
+2. `buckets-{B}`, per bucket: load that bucket from every shard, sort (hash, then position), and
+   write which rows and paragraphs repeat an earlier one, per shard —
+   `_work/removals-{B}/{shard}/bucket-NNNNN.npy` (`REMOVAL` rows), for the shards that have some;
+3. `shards`, per shard: rewrite it without them (`stage.rewrite_shard`, verdicts by `decide`).
+
+B is in the work folders' names, so a re-run with another bucket count never mixes the two.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from marin_assets.core.files import atomic_write, read_bytes
+from marin_assets.core.step import Step, made_by
+from marin_assets.pipeline.curation.shards import CurationError, Shard, list_shards, read_shard, work_path
+from marin_assets.pipeline.curation.stage import (
+    CurationResult,
+    ShardStats,
+    Verdicts,
+    curation_step,
+    rewrite_shard,
+    run_phase,
+    summarize,
+)
+
+STAGE = "exact_dedup"
+HASH = "xxh3-128"
+DUPLICATE = "duplicate"
+DUPLICATE_PARAGRAPH = "duplicate paragraph"
+ALL_PARAGRAPHS = "all paragraphs duplicated"
+WHOLE = -1
+"""The `paragraph` of an entry that stands for the whole document."""
+ENTRY = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("shard", "<i4"), ("row", "<i4"), ("paragraph", "<i4")])
+"""One hashed document or paragraph: its hash (two halves), and where it is (shard = position in `list_shards`)."""
+REMOVAL = np.dtype([("row", "<i4"), ("paragraph", "<i4")])
+"""A row of one shard to remove (`paragraph` WHOLE), or one of its paragraphs (index in `text.split(separator)`)."""
+SAMPLES = 20
+MAX_BUCKETS = 1 << 16
+
+
+@dataclass(frozen=True)
+class DuplicateSample:
+    """One removed duplicate document and the copy that was kept, for a person to check."""
+
+    id: str
+    source: str
+    """`file:line` of the removed copy."""
+    kept_source: str
+    """`file:line` of the copy that was kept (the first occurrence)."""
+    copies: int
+    """How many times this text occurs in the input."""
+
+
+@dataclass(frozen=True)
+class ExactDedupResult(CurationResult):
+    """A `CurationResult` plus how the duplicates were distributed."""
+
+    paragraphs: bool
+    """Whether paragraphs were deduplicated too."""
+    duplicate_groups: int
+    """Document texts that occur more than once."""
+    largest_group: int
+    """Occurrences of the most repeated document text (1 when nothing repeats)."""
+    paragraph_groups: int
+    """Paragraph texts that occur more than once (0 without `paragraphs`)."""
+    largest_paragraph_group: int
+    """Occurrences of the most repeated paragraph (0 without `paragraphs`)."""
+    samples: list[DuplicateSample]
+    """The first (in input order) few documents removed as duplicates, at most `SAMPLES`."""
+
+
+def _check_arguments(paragraph_separator: str, buckets: int) -> None:
+    if not isinstance(paragraph_separator, str) or not paragraph_separator:
+        raise ValueError(f"{STAGE}: paragraph_separator must be a non-empty string, got {paragraph_separator!r}")
+    if not 1 <= buckets <= MAX_BUCKETS:
+        raise ValueError(f"{STAGE}: buckets must be between 1 and {MAX_BUCKETS}, got {buckets}")
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _load(path: str, dtype: np.dtype, what: str) -> np.ndarray:
+    data = read_bytes(path)
+    if data is None:
+        raise CurationError(f"{STAGE}: {what} {path} is missing (was `_work` removed part-way through a run?)")
+    array = np.load(io.BytesIO(data), allow_pickle=False)
+    if array.dtype != dtype:
+        raise CurationError(f"{STAGE}: {what} {path} holds {array.dtype}, not {dtype}")
+    return array
+
+
+def _hash_path(output_path: str, buckets: int, shard_key: str, bucket: int) -> str:
+    return work_path(output_path, f"hashes-{buckets}", shard_key, f"bucket-{bucket:05d}.npy")
+
+
+def _removal_path(output_path: str, buckets: int, shard_key: str, bucket: int) -> str:
+    return work_path(output_path, f"removals-{buckets}", shard_key, f"bucket-{bucket:05d}.npy")
+
+
+def _document_digests(path: str, texts: pa.ChunkedArray) -> list[bytes]:
+    """xxh3-128 digest of every text's UTF-8 bytes, read from Arrow's buffers (no Python strings)."""
+    digest = xxhash.xxh3_128_digest
+    out: list[bytes] = []
+    for chunk in texts.chunks:
+        if pa.types.is_large_string(chunk.type):
+            width = np.int64
+        elif pa.types.is_string(chunk.type):
+            width = np.int32
+        else:
+            raise CurationError(f"{STAGE}: shard {path}: text is {chunk.type}, not a string column")
+        _, offsets_buffer, data_buffer = chunk.buffers()
+        offsets = np.frombuffer(offsets_buffer, dtype=width)[chunk.offset:chunk.offset + len(chunk) + 1].tolist()
+        data = memoryview(data_buffer if data_buffer is not None else b"")
+        out += [digest(data[a:b]) for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    return out
+
+
+def _hash_shard(output_path: str, paragraphs: bool, separator: str, buckets: int,
+                item: tuple[int, Shard]) -> dict[str, Any]:
+    """Phase 1: one shard's hashes, written as one file per bucket; its counts."""
+    ordinal, shard = item
+    texts = read_shard(STAGE, shard.path, ["text"]).column("text")
+    digests = _document_digests(shard.path, texts)
+    rows = list(range(len(digests)))
+    where = [WHOLE] * len(digests)
+    if paragraphs:
+        digest = xxhash.xxh3_128_digest
+        for row, text in enumerate(texts.to_pylist()):
+            for index, piece in enumerate(text.split(separator)):
+                if piece.strip():
+                    digests.append(digest(piece.encode("utf-8", "surrogatepass")))
+                    rows.append(row)
+                    where.append(index)
+    halves = np.frombuffer(b"".join(digests), dtype=">u8").reshape(-1, 2)
+    entries = np.empty(len(digests), dtype=ENTRY)
+    entries["hi"], entries["lo"] = halves[:, 0], halves[:, 1]
+    entries["shard"], entries["row"], entries["paragraph"] = ordinal, rows, where
+    bucket_of = entries["hi"] % np.uint64(buckets)
+    entries = entries[np.argsort(bucket_of, kind="stable")]
+    bounds = np.searchsorted(np.sort(bucket_of), np.arange(buckets + 1))
+    for bucket in range(buckets):
+        atomic_write(_hash_path(output_path, buckets, shard.key, bucket),
+                     _npy(entries[bounds[bucket]:bounds[bucket + 1]]))
+    return {"documents": len(texts), "paragraphs": len(digests) - len(texts)}
+
+
+def _dedup_bucket(output_path: str, buckets: int, shard_keys: Sequence[str], bucket: int) -> dict[str, Any]:
+    """Phase 2: one bucket of every shard, sorted by (kind, hash, position): every entry after the first of its
+    hash is a duplicate. Writes the removals per shard; returns the shards that have some, group sizes, samples."""
+    entries = np.concatenate([_load(_hash_path(output_path, buckets, key, bucket), ENTRY, "hash bucket")
+                              for key in shard_keys] or [np.empty(0, ENTRY)])
+    paragraph = entries["paragraph"]
+    is_paragraph = paragraph != WHOLE
+    order = np.lexsort((paragraph, entries["row"], entries["shard"], entries["lo"], entries["hi"], is_paragraph))
+    entries, is_paragraph = entries[order], is_paragraph[order]
+    repeat = np.zeros(len(entries), dtype=bool)
+    repeat[1:] = ((entries["hi"][1:] == entries["hi"][:-1]) & (entries["lo"][1:] == entries["lo"][:-1])
+                  & (is_paragraph[1:] == is_paragraph[:-1]))
+    starts = np.flatnonzero(~repeat)
+    sizes = np.diff(np.append(starts, len(entries)))
+    group_is_paragraph = is_paragraph[starts]
+    outcome: dict[str, Any] = {"entries": len(entries), "shards": []}
+    for name, mask in (("", ~group_is_paragraph), ("paragraph_", group_is_paragraph)):
+        chosen = sizes[mask]
+        outcome[f"{name}groups"] = int((chosen > 1).sum())
+        outcome[f"largest_{name}group"] = int(chosen.max()) if len(chosen) else 0
+
+    group = np.cumsum(~repeat) - 1
+    whole = np.flatnonzero(repeat & ~is_paragraph)
+    kept = starts[group[whole]]
+    by_place = np.lexsort((entries["row"][whole], entries["shard"][whole]))[:SAMPLES]
+    outcome["samples"] = [[int(entries["shard"][whole[i]]), int(entries["row"][whole[i]]),
+                           int(entries["shard"][kept[i]]), int(entries["row"][kept[i]]), int(sizes[group[whole[i]]])]
+                          for i in by_place]
+
+    removed = entries[repeat]
+    removed = removed[np.lexsort((removed["paragraph"], removed["row"], removed["shard"]))]
+    ordinals, first = np.unique(removed["shard"], return_index=True)
+    bounds = np.append(first, len(removed)).tolist()
+    for ordinal, a, b in zip(ordinals.tolist(), bounds[:-1], bounds[1:], strict=True):
+        rows = np.empty(b - a, dtype=REMOVAL)
+        rows["row"], rows["paragraph"] = removed["row"][a:b], removed["paragraph"][a:b]
+        atomic_write(_removal_path(output_path, buckets, shard_keys[ordinal], bucket), _npy(rows))
+        outcome["shards"].append(ordinal)
+    return outcome
+
+
+def decide(path: str, separator: str, removals: np.ndarray, table: pa.Table) -> Verdicts:
+    """Phase 3's verdicts on one shard (`path`, for messages) from its `REMOVAL` rows."""
+    rows = table.num_rows
+    removed: list[str | None] = [None] * rows
+    if not len(removals):
+        return Verdicts(removed)
+    if int(removals["row"].max()) >= rows:
+        raise CurationError(f"{STAGE}: shard {path} row {int(removals['row'].max())}: hashed in phase 1 but the shard"
+                            f" has {rows} rows now (was the input rewritten during the run?)")
+    whole = removals["paragraph"] == WHOLE
+    for row in removals["row"][whole].tolist():
+        removed[row] = DUPLICATE
+    cut: dict[int, set[int]] = {}
+    for row, index in removals[~whole].tolist():
+        if removed[row] is None:
+            cut.setdefault(row, set()).add(index)
+    if not cut:
+        return Verdicts(removed)
+    texts = table.column("text").to_pylist()
+    modified: list[str | None] = [None] * rows
+    paragraphs_removed = 0
+    for row, indices in sorted(cut.items()):
+        pieces = texts[row].split(separator)
+        if max(indices) >= len(pieces) or not all(pieces[i].strip() for i in indices):
+            raise CurationError(f"{STAGE}: shard {path} row {row}: its paragraphs differ from those hashed in phase 1"
+                                " (was the input rewritten during the run?)")
+        rest = [piece for i, piece in enumerate(pieces) if i not in indices]
+        paragraphs_removed += len(indices)
+        if any(piece.strip() for piece in rest):
+            texts[row] = separator.join(rest)
+            modified[row] = DUPLICATE_PARAGRAPH
+        else:
+            removed[row] = ALL_PARAGRAPHS
+    return Verdicts(removed, texts=texts, modified=modified, counters={"paragraphs_removed": paragraphs_removed})
+
+
+def _rewrite(output_path: str, buckets: int, separator: str, item: tuple[int, Shard, tuple[int, ...]]) -> dict:
+    """Phase 3: one shard without its duplicates (its removals gathered from the buckets that found some)."""
+    _, shard, with_removals = item
+    parts = [_load(_removal_path(output_path, buckets, shard.key, b), REMOVAL, "removal list") for b in with_removals]
+    removals = np.concatenate(parts) if parts else np.empty(0, REMOVAL)
+    return rewrite_shard(STAGE, output_path, functools.partial(decide, shard.path, separator, removals), shard)
+
+
+def _key(item: tuple[Any, ...]) -> str:
+    return item[1].key
+
+
+def _samples(shards: Sequence[Shard], outcomes: Sequence[dict[str, Any]]) -> list[DuplicateSample]:
+    """The first SAMPLES removed duplicates in input order (each bucket sent its first few), with their sources."""
+    chosen = sorted(tuple(s) for o in outcomes for s in o["samples"])[:SAMPLES]
+    columns: dict[int, tuple[list[str], list[str]]] = {}
+    for ordinal in sorted({s[0] for s in chosen} | {s[2] for s in chosen}):
+        table = read_shard(STAGE, shards[ordinal].path, ["id", "source"])
+        columns[ordinal] = (table.column("id").to_pylist(), table.column("source").to_pylist())
+    return [DuplicateSample(columns[shard][0][row], columns[shard][1][row], columns[kept_shard][1][kept_row], copies)
+            for shard, row, kept_shard, kept_row, copies in chosen]
+
+
+def exact_dedup(output_path: str, dataset_path: str, paragraphs: bool = False, paragraph_separator: str = "\n",
+                buckets: int = 16, workers: int = 1) -> ExactDedupResult:
+    """Remove every document (and with `paragraphs`, every paragraph) whose exact text occurred earlier in the
+    normalized dataset at `dataset_path`, across all its shards and splits; the first occurrence stays."""
+    _check_arguments(paragraph_separator, buckets)
+    shards = list_shards(STAGE, dataset_path)
+    hashed = run_phase(output_path, f"hashes-{buckets}", list(enumerate(shards)),
+                       functools.partial(_hash_shard, output_path, paragraphs, paragraph_separator, buckets),
+                       key_of=_key, workers=workers, name=f"{STAGE}: hash {len(shards)} shards")
+    found = run_phase(output_path, f"buckets-{buckets}", list(range(buckets)),
+                      functools.partial(_dedup_bucket, output_path, buckets, [s.key for s in shards]),
+                      key_of=lambda bucket: f"bucket-{bucket:05d}", workers=workers,
+                      name=f"{STAGE}: find duplicates in {buckets} buckets")
+    with_removals: dict[int, list[int]] = {}
+    for bucket, outcome in enumerate(found):
+        for ordinal in outcome["shards"]:
+            with_removals.setdefault(ordinal, []).append(bucket)
+    items = [(ordinal, shard, tuple(with_removals.get(ordinal, ()))) for ordinal, shard in enumerate(shards)]
+    rewritten = run_phase(output_path, "shards", items,
+                          functools.partial(_rewrite, output_path, buckets, paragraph_separator),
+                          key_of=_key, workers=workers, name=f"{STAGE} of {len(shards)} shards")
+    summary = summarize(STAGE, output_path, [ShardStats.from_json(o) for o in rewritten])
+    if paragraphs:
+        summary["counters"] = {"paragraphs": sum(o["paragraphs"] for o in hashed),
+                               "paragraphs_removed": summary["counters"].get("paragraphs_removed", 0)}
+    return ExactDedupResult(
+        **summary, paragraphs=paragraphs,
+        duplicate_groups=sum(o["groups"] for o in found),
+        largest_group=max((o["largest_group"] for o in found), default=0),
+        paragraph_groups=sum(o["paragraph_groups"] for o in found),
+        largest_paragraph_group=max((o["largest_paragraph_group"] for o in found), default=0),
+        samples=_samples(shards, found))
+
+
+def exact_dedup_step(name: str, dataset: Step, paragraphs: bool = False, paragraph_separator: str = "\n",
+                     buckets: int = 16, workers: int = 1, max_removed_fraction: float = 0.5) -> Step:
+    """`dataset` (normalized) without repeated documents (and paragraphs); `buckets` and `workers` only change how
+    the work is split, not the output, so they are not part of the step's identity."""
+    _check_arguments(paragraph_separator, buckets)
+    return curation_step(
+        name, STAGE,
+        lambda out: exact_dedup(out, dataset.output_path, paragraphs, paragraph_separator, buckets, workers),
+        dataset, {"paragraphs": paragraphs, "paragraph_separator": paragraph_separator if paragraphs else None,
+                  "hash": HASH},
+        description=made_by(exact_dedup), max_removed_fraction=max_removed_fraction, cpu=1)
