@@ -49,6 +49,8 @@ BOILERPLATE = ("This documentation is part of the planted corpus and is repeated
 
 @dataclass(frozen=True)
 class NearDuplicate:
+    """A planted copy of `original` with `edits` words replaced."""
+
     original: str
     copy: str
     edits: int
@@ -59,6 +61,8 @@ class NearDuplicate:
 
 @dataclass(frozen=True)
 class Contaminated:
+    """A document holding one evaluation record's paragraph."""
+
     id: str
     eval_set: str
     eval_record: int
@@ -90,6 +94,7 @@ class PlantedTruth:
 
 
 def load_truth(corpus_path: str) -> PlantedTruth:
+    """The truth a planted corpus was written with."""
     data = json.loads(read_bytes(join_path(corpus_path, "truth.json")) or b"null")
     if data is None:
         raise FileNotFoundError(f"{corpus_path}: no truth.json (not a planted corpus)")

@@ -52,10 +52,12 @@ class Shard:
 
 
 def shard_path(output_path: str, split: str, index: int) -> str:
+    """Where shard `index` of `split` lives in a curated dataset."""
     return join_path(output_path, split, f"part-{index:05d}.parquet")
 
 
 def work_path(output_path: str, *parts: str) -> str:
+    """A stage's bookkeeping path (under `_work/`, never read as data)."""
     return join_path(output_path, WORK_DIR, *parts)
 
 
