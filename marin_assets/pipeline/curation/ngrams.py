@@ -84,10 +84,14 @@ def ngram_hashes(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
         word_doc = np.repeat(np.arange(len(counts)), counts)[:len(combined)]
         valid = np.arange(len(combined)) + n <= offsets[word_doc + 1]
         out[np.repeat(counts >= n, per_doc)] = grams[valid]
-    for d in np.flatnonzero((counts > 0) & (counts < n)):
-        h = np.uint64(0)
+    short = np.flatnonzero((counts > 0) & (counts < n))
+    if len(short):  # h = sum of w_k * Q**(c-1-k) mod 2**64 (Horner's rule of the loop above), per document at once
         with np.errstate(over="ignore"):
-            for w in words[offsets[d]:offsets[d + 1]]:
-                h = h * _Q + w
-        out[out_offsets[d]] = mix(np.array([h], dtype=np.uint64))[0]
+            powers = np.concatenate([[np.uint64(1)], np.cumprod(np.full(max(n - 1, 1), _Q, dtype=np.uint64))])
+            lengths = counts[short]
+            ends = np.cumsum(lengths)
+            index = np.repeat(offsets[short], lengths) + (np.arange(ends[-1]) - np.repeat(ends - lengths, lengths))
+            exponent = np.repeat(offsets[short + 1], lengths) - 1 - index
+            out[out_offsets[short]] = mix(np.add.reduceat(words[index] * powers[exponent],
+                                                          np.concatenate([[0], ends[:-1]])))
     return out, out_offsets
