@@ -90,18 +90,20 @@ def list_shards(stage: str, dataset_path: str) -> list[Shard]:
 
 def read_shard(stage: str, path: str, columns: Sequence[str] | None = None) -> pa.Table:
     """A whole shard (or some of its columns); an unreadable file or a missing column names the file."""
+    wanted = list(columns) if columns is not None else list(REQUIRED)
     try:
         with fsspec.open(path, "rb") as f:
-            table = pq.read_table(f, columns=list(columns) if columns is not None else None)
+            parquet = pq.ParquetFile(f)
+            names = parquet.schema_arrow.names
+            missing = [c for c in wanted if c not in names]
+            if missing:
+                raise CurationError(f"{stage}: shard {path} has no column {', '.join(map(repr, missing))}"
+                                    f" (it has {', '.join(names)})")
+            table = parquet.read(columns=list(columns) if columns is not None else None)
     except FileNotFoundError:
         raise CurationError(f"{stage}: shard {path} is missing") from None
     except (pa.ArrowInvalid, OSError, KeyError) as e:
         raise CurationError(f"{stage}: shard {path} is unreadable: {e}") from None
-    wanted = list(columns) if columns is not None else list(REQUIRED)
-    missing = [c for c in wanted if c not in table.column_names]
-    if missing:
-        raise CurationError(f"{stage}: shard {path} has no column {', '.join(map(repr, missing))}"
-                            f" (it has {', '.join(table.column_names)})")
     text = table.column("text") if "text" in table.column_names else None
     if text is not None and text.null_count:
         row = next(i for i, v in enumerate(text.is_null().to_pylist()) if v)
