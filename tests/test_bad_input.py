@@ -89,6 +89,17 @@ CASES = {
     "infeasible_resources": Case("a resource request the cluster cannot satisfy",
                                  r"needs \{CPU=64\} on one node, which this cluster can never provide"),
     "disk_full": Case("a full disk during a write", r"No space left on device"),
+    "not_normalized": Case("a curation stage given a dataset that is not normalized",
+                           r"exact_dedup: .*raw/jsonl_\w+ holds no normalized shards"
+                           r" \(\{split\}/part-00000\.parquet\)"),
+    "corrupt_shard": Case("a curated shard that is not parquet",
+                          r"fuzzy_dedup: shard .*train/part-00000\.parquet is unreadable"),
+    "everything_removed": Case("a curation stage that would remove every document",
+                               r"normalize: removed every one of 3 documents \(empty: 3\); nothing is written as a"
+                               r" success"),
+    "eval_set_field": Case("an evaluation set record without the text field",
+                           r"decontaminate: evaluation set 'broken': .*bad\.jsonl, line 2: no 'text' field"
+                           r" \(fields: 'question'\)"),
 }
 
 
@@ -355,3 +366,42 @@ def test_the_docs_table_lists_every_case_with_its_error():
         assert re.search(case.error, message), (case.title, message)
     assert len(CASES) >= 15
     assert json.dumps(sorted(rows))  # the table parsed into plain text rows
+
+
+def write_jsonl(records: list[dict], file: str, output_path: str) -> None:
+    """A raw dataset step's function: `records` as JSON lines at `file` under the output."""
+    path = Path(output_path) / file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_curation_stages_name_the_stage_the_file_and_the_row(prefix):
+    import functools
+
+    from marin_assets.pipeline.curation.decontaminate import EvalSet, decontaminate_step
+    from marin_assets.pipeline.curation.exact_dedup import exact_dedup_step
+    from marin_assets.pipeline.curation.fuzzy_dedup import fuzzy_dedup_step
+    from marin_assets.pipeline.curation.normalize import normalize_step
+
+    texts = [{"text": f"document number {i} about the standard library"} for i in range(4)]
+    raw = Step(name="raw/jsonl", fn=functools.partial(write_jsonl, texts, "train/a.jsonl"), hash_attrs={"n": 4})
+    fails_at_materialize("not_normalized", [raw, exact_dedup_step("curated/dedup", raw)], prefix)
+
+    normalized = normalize_step("curated/normalized", raw)
+    materialize_step(normalized, prefix=prefix, settings=FAST)
+    neighbour = snapshot(normalized.output_path_under(prefix))
+    shard = Path(normalized.output_path_under(prefix)) / "train" / "part-00000.parquet"
+    corrupted = Step(name="curated/corrupted", override_output_path=str(Path(prefix) / "corrupted"),
+                     fn=lambda out: (Path(out, "train").mkdir(parents=True, exist_ok=True),
+                                     Path(out, "train", shard.name).write_bytes(shard.read_bytes()[:40])))
+    fails_at_materialize("corrupt_shard", [corrupted, fuzzy_dedup_step("curated/fuzzy", corrupted)], prefix)
+
+    blank = Step(name="raw/blank", fn=functools.partial(write_jsonl, [{"text": " "}, {"text": ""}, {"text": "\n"}],
+                                                        "train/a.jsonl"), hash_attrs={"blank": True})
+    fails_at_materialize("everything_removed", [blank, normalize_step("curated/blank", blank)], prefix)
+
+    questions = Step(name="raw/questions", hash_attrs={"v": 1}, fn=functools.partial(
+        write_jsonl, [{"text": "a fine record of an evaluation set"}, {"question": "no text here"}], "bad.jsonl"))
+    decon = decontaminate_step("curated/decon", normalized, [EvalSet("broken", questions, ("bad.jsonl",))])
+    fails_at_materialize("eval_set_field", [questions, decon], prefix)
+    assert snapshot(normalized.output_path_under(prefix)) == neighbour, "the input stage's output is untouched"
