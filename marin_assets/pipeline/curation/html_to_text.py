@@ -26,7 +26,7 @@ import codecs
 import contextlib
 import functools
 import importlib.metadata
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +34,9 @@ import fsspec
 import orjson
 import pyarrow as pa
 
-from marin_assets.core.paths import join_path
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline import readers
-from marin_assets.pipeline.curation.shards import CurationError, document_id, shard_path, work_path, write_shard
+from marin_assets.pipeline.curation.shards import CurationError, FileShardWriter, place_file_shards, work_path
 from marin_assets.pipeline.curation.stage import (
     CurationResult,
     Removed,
@@ -262,40 +261,12 @@ def _decode(body: bytes, charset: str | None, counters: dict[str, int]) -> str:
 # --- one input file → shards --------------------------------------------------------------------
 
 
-class _ShardWriter:
-    """Documents of one input file cut into shards of about `target_bytes` of text each."""
-
-    def __init__(self, folder: str, target_bytes: int) -> None:
-        self.folder, self.target_bytes = folder, target_bytes
-        self.columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
-        self.size = self.bytes = self.shards = 0
-
-    def add(self, text: str, source: str, url: str | None) -> None:
-        length = len(text.encode("utf-8", "surrogatepass"))
-        for name, value in zip(SCHEMA.names, (document_id(text), text, source, url), strict=True):
-            self.columns[name].append(value)
-        self.size += length
-        self.bytes += length
-        if self.size >= self.target_bytes:
-            self.flush()
-
-    def flush(self) -> None:
-        write_shard(pa.table(self.columns, schema=SCHEMA), join_path(self.folder, f"part-{self.shards:05d}.parquet"))
-        self.shards += 1
-        self.columns = {name: [] for name in SCHEMA.names}
-        self.size = 0
-
-    def close(self) -> None:
-        if self.columns["id"] or not self.shards:
-            self.flush()
-
-
 def _extract_file(dataset_path: str, output_path: str, html_field: str, text_format: str, main_content: bool,
                   min_chars: int, target_shard_bytes: int, item: tuple[str, int, str]) -> dict[str, Any]:
     """One input file → `_work/files/{split}-{n}/part-NNNNN.parquet`; its counts and shard count."""
     split, number, file = item
     relative = file[len(dataset_path):].lstrip("/") if file.startswith(dataset_path) else file
-    writer = _ShardWriter(work_path(output_path, "files", f"{split}-{number:05d}"), target_shard_bytes)
+    writer = FileShardWriter(work_path(output_path, "files", f"{split}-{number:05d}"), target_shard_bytes, SCHEMA)
     fmt = format_of(file, text_format)
     where = {"warc": "record ", "parquet": "row "}.get(fmt, "line ")
     counters: dict[str, int] = {}
@@ -358,32 +329,13 @@ def html_to_text(output_path: str, dataset_path: str, splits: dict[str, list[str
                                            text_format, main_content, min_chars, target_shard_bytes),
                          key_of=lambda item: f"{item[0]}-{item[1]:05d}", workers=workers,
                          name=f"{STAGE} {len(items)} files")
-    counter = _place_shards(output_path, items, outcomes)
+    folders = [work_path(output_path, "files", f"{split}-{number:05d}") for split, number, _ in items]
+    counter = place_file_shards(output_path, [(item[0], folder, outcome["shards"]) for item, folder, outcome
+                                              in zip(items, folders, outcomes, strict=True)])
     summary = summarize(STAGE, output_path, [ShardStats.from_json(o["stats"]) for o in outcomes])
     summary["splits"] = {split: type(count)(counter.get(split, 0), count.documents, count.bytes)
                          for split, count in summary["splits"].items()}
     return HtmlToTextResult(**summary, extractor=EXTRACTOR, main_content=main_content)
-
-
-def _place_shards(output_path: str, items: Sequence[tuple[str, int, str]], outcomes: Sequence[dict]) -> dict[str, int]:
-    """Move every file's shards to `{split}/part-NNNNN.parquet`, numbered in input order; shards per split."""
-    fs, _ = fsspec.core.url_to_fs(output_path)
-    counter: dict[str, int] = {}
-    for (split, number, _), outcome in zip(items, outcomes, strict=True):
-        folder = work_path(output_path, "files", f"{split}-{number:05d}")
-        for part in range(outcome["shards"]):
-            index = counter.get(split, 0)
-            counter[split] = index + 1
-            source, target = _fs_path(join_path(folder, f"part-{part:05d}.parquet")), _fs_path(
-                shard_path(output_path, split, index))
-            if fs.exists(source):  # a re-run after a crash here finds the moved ones in place
-                fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-                fs.mv(source, target)
-    return counter
-
-
-def _fs_path(url: str) -> str:
-    return fsspec.core.url_to_fs(url)[1]
 
 
 def html_to_text_step(name: str, dataset: Step, splits: dict[str, list[str]] | None = None, html_field: str = "html",

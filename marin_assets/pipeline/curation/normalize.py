@@ -14,12 +14,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-import fsspec
-import pyarrow as pa
-
-from marin_assets.core.paths import join_path
 from marin_assets.core.step import Step, made_by
-from marin_assets.pipeline.curation.shards import document_id, shard_path, work_path, write_shard
+from marin_assets.pipeline.curation.shards import FileShardWriter, place_file_shards, work_path
 from marin_assets.pipeline.curation.stage import (
     CurationResult,
     Removed,
@@ -28,7 +24,7 @@ from marin_assets.pipeline.curation.stage import (
     run_phase,
     summarize,
 )
-from marin_assets.pipeline.readers import iter_text_batches
+from marin_assets.pipeline.readers import iter_documents
 from marin_assets.pipeline.text_files import expand_files, find_splits
 
 STAGE = "normalize"
@@ -39,42 +35,22 @@ def _normalize_file(dataset_path: str, output_path: str, text_field: str, text_f
     """One input file → `_work/files/{split}-{n}/part-NNNNN.parquet`; its counts and shard count."""
     split, number, file = item
     relative = file[len(dataset_path):].lstrip("/") if file.startswith(dataset_path) else file
-    folder = work_path(output_path, "files", f"{split}-{number:05d}")
-    ids: list[str] = []
-    texts: list[str] = []
-    sources: list[str] = []
-    size = documents_in = bytes_in = bytes_out = shards = 0
+    writer = FileShardWriter(_files_folder(output_path, split, number), target_shard_bytes)
+    documents_in = bytes_in = 0
     empty = Removed()
-
-    def flush() -> None:
-        nonlocal ids, texts, sources, size, shards
-        write_shard(pa.table({"id": ids, "text": texts, "source": sources}),
-                    join_path(folder, f"part-{shards:05d}.parquet"))
-        shards += 1
-        ids, texts, sources, size = [], [], [], 0
-
-    line = 0
-    for batch in iter_text_batches(file, text_field=text_field, text_format=text_format, batch_size=1024):
-        for text in batch:
-            line += 1
-            length = len(text.encode("utf-8", "surrogatepass"))
-            documents_in += 1
-            bytes_in += length
-            if not text.strip():
-                empty += Removed(1, length, 0)
-                continue
-            ids.append(document_id(text))
-            texts.append(text)
-            sources.append(f"{relative}:{line}")
-            size += length
-            bytes_out += length
-            if size >= target_shard_bytes:
-                flush()
-    if ids or not shards:
-        flush()
-    stats = ShardStats(split, documents_in, bytes_in, documents_in - empty.documents, bytes_out,
+    for _, line, text in iter_documents([file], text_field, text_format):  # line: the file's own line or row
+        documents_in += 1
+        if not text.strip():
+            size = len(text.encode("utf-8", "surrogatepass"))
+            bytes_in += size
+            empty += Removed(1, size, 0)
+            continue
+        writer.add(text, f"{relative}:{line}")
+    writer.close()
+    bytes_in += writer.bytes
+    stats = ShardStats(split, documents_in, bytes_in, documents_in - empty.documents, writer.bytes,
                        {"empty": empty} if empty.documents else {})
-    return {"stats": stats.to_json(), "shards": shards}
+    return {"stats": stats.to_json(), "shards": writer.shards}
 
 
 def normalize(output_path: str, dataset_path: str, splits: dict[str, list[str]] | None = None,
@@ -89,18 +65,8 @@ def normalize(output_path: str, dataset_path: str, splits: dict[str, list[str]] 
                                            text_format, target_shard_bytes),
                          key_of=lambda item: f"{item[0]}-{item[1]:05d}", workers=workers,
                          name=f"{STAGE} {len(items)} files")
-    fs, _ = fsspec.core.url_to_fs(output_path)
-    counter: dict[str, int] = {}
-    for (split, number, _), outcome in zip(items, outcomes, strict=True):
-        folder = work_path(output_path, "files", f"{split}-{number:05d}")
-        for part in range(outcome["shards"]):
-            index = counter.get(split, 0)
-            counter[split] = index + 1
-            source = join_path(folder, f"part-{part:05d}.parquet")
-            target = shard_path(output_path, split, index)
-            if fs.exists(_fs_path(source)):  # a re-run after a crash here finds the moved ones in place
-                fs.makedirs(_fs_path(target).rsplit("/", 1)[0], exist_ok=True)
-                fs.mv(_fs_path(source), _fs_path(target))
+    counter = place_file_shards(output_path, [(split, _files_folder(output_path, split, number), o["shards"])
+                                              for (split, number, _), o in zip(items, outcomes, strict=True)])
     stats = [ShardStats.from_json(o["stats"]) for o in outcomes]
     summary = summarize(STAGE, output_path, stats)
     summary["splits"] = {split: type(count)(counter.get(split, 0), count.documents, count.bytes)
@@ -108,8 +74,9 @@ def normalize(output_path: str, dataset_path: str, splits: dict[str, list[str]] 
     return CurationResult(**summary)
 
 
-def _fs_path(url: str) -> str:
-    return fsspec.core.url_to_fs(url)[1]
+def _files_folder(output_path: str, split: str, number: int) -> str:
+    """Where input file `number` of `split` writes its shards before they are numbered into the dataset."""
+    return work_path(output_path, "files", f"{split}-{number:05d}")
 
 
 def normalize_step(name: str, dataset: Step, splits: dict[str, list[str]] | None = None, text_field: str = "text",

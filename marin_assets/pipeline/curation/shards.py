@@ -14,6 +14,7 @@ import io
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 import pyarrow as pa
@@ -27,6 +28,8 @@ WORK_DIR = "_work"
 """Under a stage's output: its bookkeeping, never read as data."""
 SHARD_NAME = re.compile(r"^part-(\d{5})\.parquet$")
 REQUIRED = ("id", "text", "source")
+SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string())])
+"""The columns every curated shard has (a stage may add more)."""
 
 
 class CurationError(ValueError):
@@ -123,3 +126,53 @@ def text_bytes(texts: pa.ChunkedArray | pa.Array) -> int:
     import pyarrow.compute as pc
 
     return int(pc.sum(pc.binary_length(texts)).as_py() or 0)
+
+
+class FileShardWriter:
+    """One input file's documents cut into shards of about `target_bytes` of text each, written to
+    `folder/part-NNNNN.parquet` (then numbered into the dataset by `place_file_shards`). An input file
+    with no documents still gets one (empty) shard, typed by `schema`."""
+
+    def __init__(self, folder: str, target_bytes: int, schema: pa.Schema = SCHEMA) -> None:
+        self.folder, self.target_bytes, self.schema = folder, target_bytes, schema
+        self.columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        self.size = self.bytes = self.shards = 0
+
+    def add(self, text: str, source: str, *more: Any) -> None:
+        """A document; `more` are the values of the schema's columns after `id`, `text`, `source`."""
+        length = len(text.encode("utf-8", "surrogatepass"))
+        for name, value in zip(self.schema.names, (document_id(text), text, source, *more), strict=True):
+            self.columns[name].append(value)
+        self.size += length
+        self.bytes += length
+        if self.size >= self.target_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        write_shard(pa.table(self.columns, schema=self.schema),
+                    join_path(self.folder, f"part-{self.shards:05d}.parquet"))
+        self.shards += 1
+        self.columns = {name: [] for name in self.schema.names}
+        self.size = 0
+
+    def close(self) -> None:
+        if self.columns["id"] or not self.shards:
+            self.flush()
+
+
+def place_file_shards(output_path: str, files: Sequence[tuple[str, str, int]]) -> dict[str, int]:
+    """Move each input file's shards (`(split, folder, shards)`, in input order) to
+    `{split}/part-NNNNN.parquet`, numbered in that order; returns shards per split. A re-run after a
+    crash part-way finds the ones already moved in place."""
+    fs, _ = fsspec.core.url_to_fs(output_path)
+    counter: dict[str, int] = {}
+    for split, folder, shards in files:
+        for part in range(shards):
+            index = counter.get(split, 0)
+            counter[split] = index + 1
+            source = fsspec.core.url_to_fs(join_path(folder, f"part-{part:05d}.parquet"))[1]
+            target = fsspec.core.url_to_fs(shard_path(output_path, split, index))[1]
+            if fs.exists(source):
+                fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                fs.mv(source, target)
+    return counter
