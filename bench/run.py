@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import adapter_overhead  # noqa: E402
+import curation  # noqa: E402
 import demo_measures  # noqa: E402
 import pipeline_throughput  # noqa: E402
 import ray_overhead  # noqa: E402
@@ -37,6 +38,7 @@ def benchmarks(quick: bool) -> list:
         lambda: ray_overhead.measure(reps=reps or 7),
         lambda: pipeline_throughput.measure_tokenize(reps=reps or 5, documents=10_000 if quick else 40_000),
         lambda: real_tokenize.measure(reps=reps or 5, megabytes=10 if quick else 30),
+        lambda: curation.measure(reps=reps or 3, megabytes=10 if quick else 30),
         lambda: pipeline_throughput.measure_train(reps=1 if quick else 2, steps=20 if quick else 100),
     ]
 

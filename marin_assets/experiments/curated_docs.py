@@ -1,0 +1,60 @@
+"""Curate, then train: the planted documentation corpus through Marin's curation stages into a small LM.
+
+raw (real Python documentation with planted duplicates, junk and evaluation-set paragraphs,
+`pipeline/curation/planted.py`) → normalize → heuristic filters → quality classifier filter →
+exact dedup → fuzzy dedup (MinHash + verification) → decontamination
+against the two planted evaluation sets → BPE tokenizer → Levanter cache → small Llama → export
+and evaluation. Every curation asset records what it removed and why; its check fails if it
+removed more than half of its input.
+"""
+
+from __future__ import annotations
+
+from marin_assets.core.step import Step
+from marin_assets.experiments import small_lm
+from marin_assets.pipeline.curation.decontaminate import EvalSet, decontaminate_step
+from marin_assets.pipeline.curation.exact_dedup import exact_dedup_step
+from marin_assets.pipeline.curation.fuzzy_dedup import fuzzy_dedup_step
+from marin_assets.pipeline.curation.heuristics import heuristic_filter_step
+from marin_assets.pipeline.curation.normalize import normalize_step
+from marin_assets.pipeline.curation.planted import EVAL_SETS, planted_corpus_step
+from marin_assets.pipeline.curation.quality import quality_classifier_step, quality_filter_step
+from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
+
+DATASET = "curated-docs"
+MODEL = ModelSpec(family="llama", hidden_dim=64, intermediate_dim=256, num_layers=2, num_heads=4, num_kv_heads=4,
+                  seq_len=128)
+TRAINER = TrainerSpec(num_train_steps=40, train_batch_size=8, checkpoint_every=20, steps_per_eval=20,
+                      max_eval_batches=4)
+
+
+def curation(prefix: str = DATASET, seed: int = 0, shard_bytes: int = 100_000) -> dict[str, Step]:
+    """The curation chain, raw to decontaminated, named `raw/{prefix}` … `curated/{prefix}-decontaminated`."""
+    raw = planted_corpus_step(f"raw/{prefix}", seed)
+    normalized = normalize_step(f"curated/{prefix}-normalized", raw, splits={"train": ["train/*"],
+                                                                             "validation": ["validation/*"]},
+                                target_shard_bytes=shard_bytes)
+    labeled = {label: normalize_step(f"curated/{prefix}-{label}", raw, splits={"train": [f"labeled/{label}/train/*"]})
+               for label in ("positive", "negative")}
+    classifier = quality_classifier_step(f"classifiers/{prefix}-quality", labeled["positive"], labeled["negative"])
+    heuristics = heuristic_filter_step(f"curated/{prefix}-heuristics", normalized)
+    quality = quality_filter_step(f"curated/{prefix}-quality", heuristics, classifier, threshold=0.5)
+    exact = exact_dedup_step(f"curated/{prefix}-exact-dedup", quality)  # line-level dedup would cut near-copies apart
+    fuzzy = fuzzy_dedup_step(f"curated/{prefix}-fuzzy-dedup", exact)
+    decontaminated = decontaminate_step(f"curated/{prefix}-decontaminated", fuzzy,
+                                        [EvalSet(name, raw, (f"evalsets/{name}.jsonl",)) for name in EVAL_SETS])
+    return {"raw": raw, "normalized": normalized, **{f"labeled_{k}": v for k, v in labeled.items()},
+            "classifier": classifier, "heuristics": heuristics, "quality": quality, "exact": exact, "fuzzy": fuzzy,
+            "decontaminated": decontaminated}
+
+
+def build(prefix: str = DATASET, seed: int = 0, vocab_size: int = 512, model: ModelSpec = MODEL,
+          trainer: TrainerSpec = TRAINER, optimizer: OptimizerSpec = OptimizerSpec()) -> dict[str, Step]:
+    """Curation, then the small-LM pipeline on the curated corpus."""
+    curated = curation(prefix, seed)
+    return {**curated, **small_lm.build(prefix, curated["decontaminated"], DATASET, vocab_size, model, trainer,
+                                        optimizer)}
+
+
+pipeline = build()
+steps = [pipeline["export"], pipeline["evaluate"]]
