@@ -393,7 +393,8 @@ def decontaminate(output_path: str, dataset_path: str, eval_sets: Mapping[str, S
     if problem:
         raise CurationError(f"{STAGE}: {problem}")
     chosen = {name: list(files) for name, files in eval_sets.items()}
-    formats = {name: tuple((eval_formats or {}).get(name, (text_field, text_format))) for name in names}
+    formats: dict[str, tuple[str, str]] = {name: (eval_formats or {}).get(name, (text_field, text_format))
+                                           for name in names}
     shards = list_shards(STAGE, dataset_path)
     built = run_phase(output_path, INDEX_PHASE, ["index"],
                       functools.partial(_build_index, output_path, chosen, formats, ngram, false_positive_rate),

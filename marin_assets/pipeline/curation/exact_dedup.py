@@ -129,6 +129,7 @@ def _document_digests(path: str, texts: pa.ChunkedArray) -> list[bytes]:
     digest = xxhash.xxh3_128_digest
     out: list[bytes] = []
     for chunk in texts.chunks:
+        width: type[np.signedinteger[Any]]
         if pa.types.is_large_string(chunk.type):
             width = np.int64
         elif pa.types.is_string(chunk.type):

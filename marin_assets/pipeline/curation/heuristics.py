@@ -317,7 +317,7 @@ def _repetition(texts: Sequence[str], batch: _Batch, rules: HeuristicRules) -> d
                 np.add.at(cover, dup_starts, 1)
                 np.add.at(cover, dup_starts + n, -1)
                 covered = np.cumsum(cover[:-1]) > 0
-                covered_chars = np.bincount(doc_of, weights=lengths * covered, minlength=docs)
+                covered_chars = np.bincount(doc_of, weights=lengths * covered, minlength=docs).astype(np.float64)
             out[f"gram_{n}"] = _ratio(covered_chars, total)
         candidates = np.sort(candidates[order[repeats]])
     return out

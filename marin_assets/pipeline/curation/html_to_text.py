@@ -255,7 +255,7 @@ def _decode(body: bytes, charset: str | None, counters: dict[str, int]) -> str:
             encoding = map_encoding_to_html5(codecs.lookup(charset).name)
     how = "charset from http header" if encoding else "charset detected"
     counters[how] = counters.get(how, 0) + 1
-    return bytes_to_str(body, encoding or detect_encoding(body, from_html_meta=True))
+    return str(bytes_to_str(body, encoding or str(detect_encoding(body, from_html_meta=True))))
 
 
 # --- one input file → shards --------------------------------------------------------------------

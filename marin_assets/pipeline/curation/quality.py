@@ -237,8 +237,8 @@ def quality_classifier_step(name: str, positives: Step, negatives: Step, validat
     `min_validation_accuracy` (not identity) is its check's floor."""
     if not 0 <= validation_fraction < 1:
         raise StepDefinitionError(f"step {name!r}: validation_fraction must be in [0, 1), got {validation_fraction}")
-    options = dict(validation_fraction=validation_fraction, epochs=epochs, learning_rate=learning_rate,
-                   word_ngrams=word_ngrams, dim=dim, min_count=min_count, seed=seed, buckets=buckets)
+    options: dict[str, Any] = dict(validation_fraction=validation_fraction, epochs=epochs, learning_rate=learning_rate,
+                                   word_ngrams=word_ngrams, dim=dim, min_count=min_count, seed=seed, buckets=buckets)
     return Step(name=name, fn=lambda out: train_quality_classifier(out, positives.output_path, negatives.output_path,
                                                                    **options),
                 deps=[positives, negatives],
