@@ -287,6 +287,7 @@ def _load_index(output_path: str, token: str) -> _Index:
 
 
 def side_index_path(output_path: str, shard: Shard) -> str:
+    """Where a shard's hits are listed (which evaluation record each came from)."""
     return join_path(output_path, CONTAMINATION_DIR, f"{shard.key}.parquet")
 
 

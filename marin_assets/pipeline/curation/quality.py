@@ -340,6 +340,7 @@ def _sketch_from_text(text: str) -> Any:
 
 
 def scores_path(output_path: str, shard: Shard) -> str:
+    """Where a shard's scores are kept between the scoring and the rewrite phases."""
     return work_path(output_path, "scores", shard.key + ".npy")
 
 
