@@ -58,3 +58,21 @@ def build(prefix: str = DATASET, seed: int = 0, vocab_size: int = 512, model: Mo
 
 pipeline = build()
 steps = [pipeline["export"], pipeline["evaluate"]]
+
+
+def main() -> None:
+    """`python -m marin_assets.experiments.curated_docs`: materialize the curation chain (not the training)
+    under the storage prefix, in this process, and print what each stage removed."""
+    from marin_assets.core.materialize import materialize_step
+    from marin_assets.core.step import walk
+
+    for step in walk([pipeline["decontaminated"]]):
+        result = materialize_step(step).record.result
+        if isinstance(result, dict) and "removed" in result:
+            removed = ", ".join(f"{k}: {v['documents']}" + (f" (+{v['modified']} modified)" if v["modified"] else "")
+                                for k, v in result["removed"].items()) or "nothing"
+            print(f"{step.name}: {result['documents_in']} → {result['documents_out']} documents; removed {removed}")
+
+
+if __name__ == "__main__":
+    main()
