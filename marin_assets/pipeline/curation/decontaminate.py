@@ -24,7 +24,7 @@ import io
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +38,10 @@ from marin_assets.pipeline.curation.ngrams import ngram_hashes
 from marin_assets.pipeline.curation.shards import CurationError, Shard, list_shards, work_path, write_shard
 from marin_assets.pipeline.curation.stage import (
     CurationResult,
-    ShardStats,
     Verdicts,
     curation_step,
-    rewrite_shard,
+    filter_shards,
     run_phase,
-    summarize,
 )
 from marin_assets.pipeline.readers import DatasetError, iter_documents
 from marin_assets.pipeline.text_files import expand_files
@@ -371,9 +369,9 @@ def decide(plan: _Plan, shard: Shard, table: pa.Table) -> Verdicts:
     return Verdicts(removed, new_texts, modified if new_texts is not None else None, counters=counters)
 
 
-def _shard(plan: _Plan, shard: Shard) -> dict[str, Any]:
-    """One shard through `rewrite_shard`, with `decide` knowing which shard it is (for its side index)."""
-    return rewrite_shard(STAGE, plan.output_path, functools.partial(decide, plan, shard), shard)
+def _decider(plan: _Plan, shard: Shard) -> Callable[[Any], Verdicts]:
+    """A shard's `decide`, knowing which shard it is (for its side index)."""
+    return functools.partial(decide, plan, shard)
 
 
 # --- the stage ------------------------------------------------------------------------------
@@ -404,9 +402,7 @@ def decontaminate(output_path: str, dataset_path: str, eval_sets: Mapping[str, S
         raise CurationError(f"{STAGE}: {output_path} holds an evaluation index built from other evaluation sets or"
                             f" n-gram size ({built['params']}); decontaminate into a fresh output")
     plan = _Plan(output_path, tuple(names), ngram, threshold, mode, paragraph_separator, built["token"])
-    outcomes = run_phase(output_path, "shards", shards, functools.partial(_shard, plan), key_of=lambda s: s.key,
-                         workers=workers, name=f"{STAGE} of {len(shards)} shards")
-    summary = summarize(STAGE, output_path, [ShardStats.from_json(o) for o in outcomes])
+    summary = filter_shards(STAGE, output_path, shards, workers=workers, decide_for=functools.partial(_decider, plan))
     counters = summary.pop("counters")
     hits = {name: SetHits(counters.pop(f"documents_hit:{name}", 0), counters.pop(f"paragraphs_hit:{name}", 0))
             for name in names}

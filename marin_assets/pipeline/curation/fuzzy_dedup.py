@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import io
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +47,10 @@ from marin_assets.pipeline.curation.ngrams import mix, ngram_hashes
 from marin_assets.pipeline.curation.shards import CurationError, Shard, list_shards, read_shard, work_path, write_shard
 from marin_assets.pipeline.curation.stage import (
     CurationResult,
-    ShardStats,
     Verdicts,
     curation_step,
-    rewrite_shard,
+    filter_shards,
     run_phase,
-    summarize,
 )
 
 STAGE = "fuzzy_dedup"
@@ -454,11 +452,11 @@ def _decide(output_path: str, path: str | None, expected: int, table: pa.Table) 
     return Verdicts(removed)
 
 
-def _rewrite(output_path: str, counts: dict[str, int], shard: Shard) -> dict[str, Any]:
-    """Phase 6: one shard without its near-duplicates."""
+def _decider(output_path: str, counts: dict[str, int], shard: Shard) -> Callable[[Any], Verdicts]:
+    """Phase 6: the verdicts of one shard, from its removal list."""
     count = counts.get(shard.key, 0)
     path = work_path(output_path, "clusters", f"{shard.key}.npy") if count else None
-    return rewrite_shard(STAGE, output_path, functools.partial(_decide, output_path, path, count), shard)
+    return functools.partial(_decide, output_path, path, count)
 
 
 def _split_by(rows: np.ndarray, group: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -510,9 +508,8 @@ def fuzzy_dedup(output_path: str, dataset_path: str, ngram: int = 5, num_perm: i
     clustered = run_phase(output_path, "clusters", ["all"],
                           functools.partial(_cluster, output_path, keys, [item[0] for item in verify]),
                           key_of=str, workers=1)[0]
-    outcomes = run_phase(output_path, "shards", shards, functools.partial(_rewrite, output_path, clustered["removed"]),
-                         key_of=lambda s: s.key, workers=workers, name=f"{STAGE} rewrite of {len(shards)} shards")
-    summary = summarize(STAGE, output_path, [ShardStats.from_json(o) for o in outcomes])
+    summary = filter_shards(STAGE, output_path, shards, workers=workers,
+                            decide_for=functools.partial(_decider, output_path, clustered["removed"]))
     return FuzzyDedupResult(**summary, candidate_pairs=len(pairs), verified_pairs=clustered["verified_pairs"],
                             clusters=clustered["clusters"], largest_cluster=clustered["largest_cluster"],
                             cluster_sizes=clustered["cluster_sizes"],

@@ -24,7 +24,7 @@ import math
 import os
 import random
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,12 +47,10 @@ from marin_assets.pipeline.curation.shards import (
 from marin_assets.pipeline.curation.stage import (
     FORMAT,
     CurationResult,
-    ShardStats,
     Verdicts,
     curation_step,
-    rewrite_shard,
+    filter_shards,
     run_phase,
-    summarize,
 )
 
 TRAIN_STAGE = "train_quality_classifier"
@@ -372,9 +370,9 @@ def _keep_scored(scores: np.ndarray, threshold: float | None, cut: float, table:
                     counters={"scored": len(scores)})
 
 
-def _rewrite(output_path: str, threshold: float | None, cut: float, shard: Shard) -> dict[str, Any]:
-    scores = _stored_scores(output_path, shard)
-    return rewrite_shard(FILTER_STAGE, output_path, functools.partial(_keep_scored, scores, threshold, cut), shard)
+def _decider(output_path: str, threshold: float | None, cut: float, shard: Shard) -> Callable[[Any], Verdicts]:
+    """A shard's verdicts from its stored scores (scored once, in the first phase)."""
+    return functools.partial(_keep_scored, _stored_scores(output_path, shard), threshold, cut)
 
 
 def _sigmoid(x: float) -> float:
@@ -414,9 +412,8 @@ def quality_filter(output_path: str, dataset_path: str, model_path: str, thresho
         if top_fraction is not None and top_fraction < 1:  # 1 keeps all (the sketch's minimum is approximate)
             cut = float(merged.get_quantile_value(1 - top_fraction))
         quantiles = {f"p{q}": round(_sigmoid(merged.get_quantile_value(q / 100)), 6) for q in (10, 50, 90)}
-    outcomes = run_phase(output_path, "shards", shards, functools.partial(_rewrite, output_path, threshold, cut),
-                         key_of=lambda s: s.key, workers=workers, name=f"{FILTER_STAGE} of {len(shards)} shards")
-    summary = summarize(FILTER_STAGE, output_path, [ShardStats.from_json(o) for o in outcomes])
+    summary = filter_shards(FILTER_STAGE, output_path, shards, workers=workers,
+                            decide_for=functools.partial(_decider, output_path, threshold, cut))
     used = threshold if threshold is not None else (_sigmoid(cut) if math.isfinite(cut) else 0.0)
     return QualityFilterResult(**summary, threshold=used, cut=cut if top_fraction is not None and math.isfinite(cut)
                                else None, top_fraction=top_fraction, quantiles=quantiles, model_path=model_path)

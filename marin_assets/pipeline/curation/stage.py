@@ -215,9 +215,23 @@ def rewrite_shard(stage: str, output_path: str, decide: Callable[[Any], Verdicts
                       dict(verdicts.counters)).to_json()
 
 
-def filter_shards(stage: str, output_path: str, shards: Sequence[Any], decide: Callable[[Any], Verdicts],
-                  workers: int = 1) -> dict[str, Any]:
-    """Every shard through `rewrite_shard` (resumable, fanned out), summed: a `CurationResult`'s fields."""
-    outcomes = run_phase(output_path, "shards", shards, functools.partial(rewrite_shard, stage, output_path, decide),
+def filter_shards(stage: str, output_path: str, shards: Sequence[Any], decide: Callable[[Any], Verdicts] | None = None,
+                  workers: int = 1, *, decide_for: Callable[[Any], Callable[[Any], Verdicts]] | None = None
+                  ) -> dict[str, Any]:
+    """Every shard through `rewrite_shard` (resumable, fanned out), summed: a `CurationResult`'s fields.
+
+    `decide(table)` serves every shard; a stage whose verdicts need the shard itself (its removal list,
+    its stored scores, its side index) gives `decide_for(shard)`, which returns that shard's `decide`."""
+    if (decide is None) == (decide_for is None):
+        raise ValueError(f"{stage}: give exactly one of decide and decide_for")
+    outcomes = run_phase(output_path, "shards", shards, functools.partial(_filter_one, stage, output_path, decide,
+                                                                          decide_for),
                          key_of=lambda s: s.key, workers=workers, name=f"{stage} of {len(shards)} shards")
     return summarize(stage, output_path, [ShardStats.from_json(o) for o in outcomes])
+
+
+def _filter_one(stage: str, output_path: str, decide: Callable[[Any], Verdicts] | None,
+                decide_for: Callable[[Any], Callable[[Any], Verdicts]] | None, shard: Any) -> dict[str, Any]:
+    chosen = decide_for(shard) if decide_for is not None else decide
+    assert chosen is not None
+    return rewrite_shard(stage, output_path, chosen, shard)
