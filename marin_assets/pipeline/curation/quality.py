@@ -17,10 +17,12 @@ near 1, where a 1% relative error on p would lump together everything above 0.99
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import functools
 import io
 import math
+import multiprocessing
 import os
 import random
 import tempfile
@@ -159,8 +161,23 @@ def _metrics(scores: np.ndarray, labels: np.ndarray) -> ValidationMetrics:
                              round(recall, 6), round((tp + tn) / len(labels), 6), round(f1, 6))
 
 
+def _train_fasttext(train_file: str, model_file: str, epochs: int, learning_rate: float, word_ngrams: int, dim: int,
+                    min_count: int, buckets: int, seed: int) -> None:
+    """Train and save a fastText classifier (run in its own process by `train_quality_classifier`)."""
+    import fasttext
+
+    try:
+        model = fasttext.train_supervised(input=train_file, epoch=epochs, lr=learning_rate, wordNgrams=word_ngrams,
+                                          dim=dim, minCount=min_count, bucket=buckets, label=LABEL_PREFIX,
+                                          thread=1, seed=seed, verbose=0)
+    except RuntimeError as e:  # fastText's "Encountered NaN": the learning rate diverged
+        raise CurationError(f"{TRAIN_STAGE}: fastText training failed ({e}) with learning_rate {learning_rate};"
+                            " a smaller learning rate trains more stably") from None
+    model.save_model(model_file)
+
+
 def train_quality_classifier(output_path: str, positives_path: str, negatives_path: str,
-                             validation_fraction: float = 0.1, epochs: int = 25, learning_rate: float = 0.5,
+                             validation_fraction: float = 0.1, epochs: int = 25, learning_rate: float = 0.1,
                              word_ngrams: int = 2, dim: int = 64, min_count: int = 1, seed: int = 0,
                              buckets: int = 200_000) -> QualityClassifier:
     """A fastText classifier of good (positives) and bad (negatives) documents, validated on held-out ones.
@@ -195,12 +212,14 @@ def train_quality_classifier(output_path: str, positives_path: str, negatives_pa
             f.writelines(lines)
         with open(os.path.join(folder, VALIDATION_FILE), "w", encoding="utf-8", errors="surrogatepass") as f:
             f.writelines(f"{POSITIVE if positive else NEGATIVE} {_neutral(text)}\n" for positive, text in validation)
-        model = fasttext.train_supervised(input=train_file, epoch=epochs, lr=learning_rate, wordNgrams=word_ngrams,
-                                          dim=dim, minCount=min_count, bucket=buckets, label=LABEL_PREFIX,
-                                          thread=1, seed=seed, verbose=0)
         partial = os.path.join(folder, MODEL_FILE + ".partial")
-        model.save_model(partial)
+        # In a fresh process: fastText's training diverged ("Encountered NaN") in a test process whose
+        # native libraries had run before, and never alone; a spawned process has a clean state.
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            pool.submit(_train_fasttext, train_file, partial, epochs, learning_rate, word_ngrams, dim, min_count,
+                        buckets, seed).result()
         os.replace(partial, os.path.join(folder, MODEL_FILE))
+        model = fasttext.load_model(os.path.join(folder, MODEL_FILE))
     metrics = None
     if validation:
         scores = _positive_probability(model, [text for _, text in validation])
@@ -228,7 +247,7 @@ def validation_accuracy_at_least(minimum: float) -> Check:
 
 
 def quality_classifier_step(name: str, positives: Step, negatives: Step, validation_fraction: float = 0.1,
-                            epochs: int = 25, learning_rate: float = 0.5, word_ngrams: int = 2, dim: int = 64,
+                            epochs: int = 25, learning_rate: float = 0.1, word_ngrams: int = 2, dim: int = 64,
                             min_count: int = 1, seed: int = 0, buckets: int = 200_000,
                             min_validation_accuracy: float = 0.6) -> Step:
     """A fastText quality classifier trained on two normalized datasets (good, bad) as a step;
