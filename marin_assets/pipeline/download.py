@@ -132,6 +132,13 @@ def copy_file(source_url: str, output_path: str, relative: str, expected: Expect
 def download_urls(output_path: str, urls: Sequence[str]) -> Download:
     """Copy files from fsspec URLs (https://, gs://, s3://, file://, hf://, local paths; globs expand)."""
     files: list[DownloadedFile] = []
+    planned: dict[str, str] = {}
+    for url in urls:
+        for source, relative, _ in _sources(url):
+            if relative in planned:  # two folders' `val/part-0.jsonl` would overwrite each other
+                raise DownloadError(f"{planned[relative]} and {source} would both be copied to {relative!r}; use one"
+                                    " glob over their common parent (a glob keeps the path below its fixed part)")
+            planned[relative] = source
     for url in urls:
         for source, relative, _ in _sources(url):
             files.append(copy_file(source, output_path, relative))
