@@ -32,6 +32,7 @@ from marin_assets.core.identity import canonical
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
+from marin_assets.pipeline.run_cost import RunCost
 from marin_assets.pipeline.specs import (
     ModelSpec,
     OptimizerSpec,
@@ -90,6 +91,10 @@ class TrainResult:
     """Tokens the run trains on: steps × train_batch_size × seq_len."""
     initialized_from: str | None = None
     """The Hugging Face folder or Levanter checkpoint the first weights came from; None: random."""
+    final_eval_bpb: float | None = None
+    """Bits per byte over the validation sets at the last evaluation, as Levanter logged it."""
+    cost: RunCost | None = None
+    """Parameters, FLOPs, tokens/s, MFU and device-hours (None in records made before it was recorded)."""
 
     def model_and_tokenizer(self) -> tuple[ModelSpec, str]:
         """The model spec and tokenizer folder, or an error saying the record predates them."""
@@ -346,7 +351,7 @@ def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weig
             fs, path = fsspec.core.url_to_fs(output_path)
             fs.put(metrics_file, f"{path}/{METRICS_FILE}")
             fs.put(os.path.join(local, "reference"), f"{path}/reference", recursive=True)
-        result = summarize(output_path, run_id, trainer, time.monotonic() - started, metrics_file)
+        result = summarize(output_path, run_id, trainer, time.monotonic() - started, metrics_file, model, vocab)
         return replace(result, model=model, tokenizer=tokenizer_path, vocab_size=vocab,
                        train_tokens=trainer.num_train_steps * trainer.batch_tokens(model),
                        initialized_from=init.path if init is not None else None)
@@ -359,12 +364,16 @@ def _copy_if_exists(url: str, local_path: str) -> None:
 
 
 def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: float,
-              metrics_file: str | None = None) -> TrainResult:
-    """The `TrainResult` of a run, read from its metrics file and checkpoint folder."""
+              metrics_file: str | None = None, model: ModelSpec | None = None,
+              vocab_size: int | None = None) -> TrainResult:
+    """The `TrainResult` of a run, read from its metrics file and checkpoint folder; with the `model` and its
+    `vocab_size`, and steps logged, its cost too (run in the training process: it asks JAX for the devices)."""
     from marin_assets.pipeline.levanter_configs import SUMMARY_STEP, read_metrics
+    from marin_assets.pipeline.run_cost import compute_dtype, device_peak, run_cost
 
     metrics = read_metrics(metrics_file or os.path.join(output_path, METRICS_FILE))
-    params = metrics.pop(SUMMARY_STEP, {}).get("parameter_count")
+    summary = metrics.pop(SUMMARY_STEP, {})
+    params = summary.get("parameter_count")
     train = [[s, m["train/loss"]] for s, m in sorted(metrics.items()) if "train/loss" in m]
     evals = [[s, m["eval/loss"]] for s, m in sorted(metrics.items()) if "eval/loss" in m]
     last_eval = next((m for _, m in sorted(metrics.items(), reverse=True) if "eval/loss" in m), {})
@@ -377,6 +386,11 @@ def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: floa
     hf_steps = sorted(int(p.rstrip("/").rsplit("-", 1)[1]) for p in fs.ls(hf_path, detail=False)
                       if p.rstrip("/").rsplit("/", 1)[-1].startswith("step-")) if fs.isdir(hf_path) else []
     run_dir = run_dir_of(output_path)
+    cost = None
+    if model is not None and vocab_size is not None and throughput:
+        peak = device_peak(compute_dtype(trainer.mixed_precision))
+        cost = run_cost(run_id, metrics, summary, model, vocab_size,
+                        trainer.num_train_steps * trainer.batch_tokens(model), round(seconds, 2), peak)
     return TrainResult(
         run_id=run_id, steps=trainer.num_train_steps,
         final_train_loss=train[-1][1] if train else None, final_eval_loss=last_eval.get("eval/loss"),
@@ -385,6 +399,7 @@ def summarize(output_path: str, run_id: str, trainer: TrainerSpec, seconds: floa
         checkpoint_steps=checkpoint_steps(run_dir), checkpoint_dir=run_dir,
         hf_dir=join_path(hf_root, f"step-{hf_steps[-1]}") if hf_steps else None,
         parameter_count=params, train_seconds=round(seconds, 2), loss_curve=train, eval_curve=evals,
+        final_eval_bpb=last_eval.get("eval/bpb"), cost=cost,
     )
 
 
