@@ -22,6 +22,33 @@ Endpoints (repo type `datasets`, `models` (no URL prefix) or `spaces`; `{repo}` 
                                                           X-Linked-Size and 302 to /cdn-lfs/{sha256}
     GET|HEAD /cdn-lfs/{sha256}                            LFS content (the "CDN"), Range requests
 
+Writes, as `HfApi.create_repo` / `create_branch` / `create_commit` / `preupload_lfs_files` send them
+(each needs `Authorization: Bearer <token>`, one of `write_tokens` when given; else 401
+"Invalid credentials in Authorization header", as the Hub answers a bad token):
+
+    POST /api/repos/create                                JSON {name, organization, type, private};
+                                                          409 (with the repo's url) if it exists; a new
+                                                          repo has the Hub's "initial commit" (.gitattributes)
+    POST /api/{type}s/{repo}/branch/{branch}              JSON {startingPoint}; 409 if it exists
+    POST /api/{type}s/{repo}/preupload/{rev}              which files go to LFS (a .gitattributes pattern,
+                                                          over 10 MB, or a binary sample) and the oid a
+                                                          path already has on that branch
+    POST /[{type}s/]{repo}.git/info/lfs/objects/batch     git-lfs batch API ("basic" transfer): an upload
+                                                          action for each object the hub does not hold yet
+    PUT  /lfs-upload/{sha256}?X-Amz-Signature=...         the object's bytes (a signed URL: no token);
+                                                          the sha256 is checked
+    POST /[{type}s/]{repo}.git/info/lfs/objects/verify    the object arrived
+    POST /api/{type}s/{repo}/commit/{branch}              NDJSON: header {summary, description,
+                                                          parentCommit}, then file (base64), lfsFile
+                                                          (an uploaded object), deletedFile, deletedFolder;
+                                                          412 if parentCommit is not the branch head,
+                                                          422 for an LFS object never uploaded
+    POST /api/validate-yaml                               README front matter: accepted
+
+`HubServer(fail_commits_after=k)` answers every commit after the k-th with 503 (an outage: the
+client does not retry commits), to test resuming an interrupted upload; `uploaded` holds the LFS
+objects received, `api_commits` counts commits made through the API.
+
 A revision is a branch, a tag, a full 40-hex commit sha, or `refs/heads/X` / `refs/tags/X`; the
 client percent-encodes it into one path segment (`refs%2Fpr%2F1`). Errors carry the headers the
 client maps to exceptions (`huggingface_hub.utils._http.hf_raise_for_status`) plus a JSON body
@@ -36,6 +63,7 @@ backoff for ~20 s) and is recorded in `HubServer.errors`.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import http.server
@@ -44,6 +72,8 @@ import mimetypes
 import re
 import threading
 import traceback
+import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatch
@@ -57,7 +87,10 @@ LFS_THRESHOLD = 10 * 2**20
 """Larger files go to LFS too (the Hub rejects plain-git files over 10 MB)."""
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
 REPO_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}
-API_OPERATIONS = {"revision", "tree", "paths-info", "refs", "commits"}
+API_OPERATIONS = {"revision", "tree", "paths-info", "refs", "commits", "preupload", "commit", "branch"}
+URL_PREFIXES = {"model": "", "dataset": "datasets/", "space": "spaces/"}
+GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS)
+"""What the Hub's "initial commit" of a new repository holds (abridged)."""
 
 
 def git_blob_oid(content: bytes) -> str:
@@ -145,17 +178,31 @@ class HubRepo:
         `files` maps paths to new contents (str is UTF-8 encoded); None deletes a path. With
         `replace=True` the commit holds exactly `files`, otherwise the branch's files are kept.
         """
+        changes: dict[str, Entry | None] = {}
+        for path, content in (files or {}).items():
+            path = path.strip("/")
+            data = None if content is None else content.encode() if isinstance(content, str) else bytes(content)
+            changes[path] = None if data is None else Entry(path, data, self._is_lfs(path, data))
+        return self.apply(changes, branch=branch, message=message or f"Update {len(files or {})} file(s)",
+                          replace=replace)
+
+    def apply(self, changes: dict[str, Entry | None], *, branch: str = "main", message: str,
+              replace: bool = False) -> str:
+        """Add a commit of exactly these entries on `branch` and return its sha: an Entry adds or
+        replaces its path (LFS or not as the entry says), None deletes a path, and a path ending
+        in '/' with None deletes that folder."""
         with self._lock:
             parent = self.branches.get(branch)
             tree = {} if replace or parent is None else dict(self.commits[parent].files)
-            for path, content in (files or {}).items():
-                path = path.strip("/")
-                if content is None:
-                    tree.pop(path, None)
+            for path, entry in changes.items():
+                if entry is not None:
+                    tree[path] = entry
+                elif path.endswith("/"):
+                    for below in [p for p in tree if p.startswith(path)]:
+                        del tree[below]
                 else:
-                    data = content.encode() if isinstance(content, str) else bytes(content)
-                    tree[path] = Entry(path, data, self._is_lfs(path, data))
-            title = message or f"Update {len(files or {})} file(s)"
+                    tree.pop(path, None)
+            title = message
             date = EPOCH + timedelta(minutes=len(self.commits))
             listing = "".join(f"{e.oid} {p}\n" for p, e in sorted(tree.items()))
             sha = hashlib.sha1(f"{listing}parent {parent}\n{title}\n{_iso(date)}\n".encode()).hexdigest()
@@ -177,6 +224,15 @@ class HubRepo:
 
     def _is_lfs(self, path: str, content: bytes) -> bool:
         return len(content) > self.lfs_threshold or any(fnmatch(path, p) for p in self.lfs_patterns)
+
+    def upload_mode(self, path: str, size: int, sample: bytes) -> str:
+        """How the Hub stores an uploaded file: `lfs` for a pattern, a large file or a binary
+        sample (a NUL byte in its first 512 bytes), else `regular` (empty files are regular)."""
+        if size == 0:
+            return "regular"
+        binary = b"\0" in sample
+        return "lfs" if size > self.lfs_threshold or binary or any(fnmatch(path, p) for p in self.lfs_patterns) \
+            else "regular"
 
     def _must_resolve(self, revision: str) -> str:
         sha = self.resolve(revision)
@@ -221,6 +277,15 @@ class HubRepo:
         """Every folder of the commit's tree ('a', 'a/b' for 'a/b/c.txt'), not the root."""
         with self._lock:
             return {f for path in self.commits[sha].files for f in _folders_of(path)}
+
+    def changed_paths(self, sha: str) -> list[str]:
+        """The paths a commit added, changed or deleted, relative to its parent."""
+        with self._lock:
+            commit = self.commits[sha]
+            before = self.commits[commit.parent].files if commit.parent else {}
+            after = commit.files
+            return sorted(p for p in set(before) | set(after)
+                          if (before[p].oid if p in before else None) != (after[p].oid if p in after else None))
 
     def tree_oid(self, sha: str, folder: str) -> str:
         below = [(p, e.oid) for p, e in self.commits[sha].files.items() if p.startswith(folder + "/")]
@@ -269,8 +334,11 @@ class HubError(Exception):
 class HubServer:
     """The emulated Hub: `with HubServer([repo]) as hub: hub.url`. Repos can be added while it runs."""
 
-    def __init__(self, repos=(), *, page_size: int | None = None, lfs_redirect: bool = True):
-        """`repos`: HubRepo objects, or a mapping of dataset repo id -> HubRepo or {path: bytes}."""
+    def __init__(self, repos=(), *, page_size: int | None = None, lfs_redirect: bool = True,
+                 write_tokens: Collection[str] | None = None, fail_commits_after: int | None = None):
+        """`repos`: HubRepo objects, or a mapping of dataset repo id -> HubRepo or {path: bytes}.
+        `write_tokens`: the tokens that may write (None: any bearer token); `fail_commits_after`: the
+        number of API commits after which every commit gets a 503 (None: never)."""
         self.repos: dict[tuple[str, str], HubRepo] = {}
         if isinstance(repos, dict):
             repos = [r if isinstance(r, HubRepo) else HubRepo(repo_id, r) for repo_id, r in repos.items()]
@@ -279,6 +347,15 @@ class HubServer:
         self.page_size = page_size
         """Entries per tree/commits page; None = the Hub's (1000, or 50 with expand)."""
         self.lfs_redirect = lfs_redirect
+        self.write_tokens = set(write_tokens) if write_tokens is not None else None
+        self.fail_commits_after = fail_commits_after
+        self.api_commits = 0
+        """Commits made through the commit API."""
+        self.uploaded: dict[str, bytes] = {}
+        """LFS objects received (sha256 -> content), committed or not."""
+        self._signatures: dict[str, str] = {}
+        """Signed upload URLs handed out: signature -> the sha256 it may upload."""
+        self._write_lock = threading.Lock()
         self.requests: list[RecordedRequest] = []
         self.errors: list[str] = []
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -288,7 +365,15 @@ class HubServer:
         self.repos[(repo.repo_type, repo.repo_id)] = repo
         return repo
 
+    def create_repo(self, repo_id: str, repo_type: str = "model", private: bool = False) -> HubRepo:
+        """A new repository as the Hub makes one: `main` with an "initial commit" of `.gitattributes`."""
+        repo = HubRepo(repo_id, repo_type=repo_type, private=private)
+        repo.commit({".gitattributes": GITATTRIBUTES}, message="initial commit")
+        return self.add(repo)
+
     def lfs_object(self, sha256: str) -> bytes | None:
+        if sha256 in self.uploaded:
+            return self.uploaded[sha256]
         for repo in list(self.repos.values()):
             for c in list(repo.commits.values()):
                 for e in c.files.values():
@@ -404,10 +489,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         self._dispatch("POST")
 
+    def do_PUT(self):
+        self._dispatch("PUT")
+
     def _dispatch(self, method: str) -> None:
         self.hub.requests.append(RecordedRequest(method, self.path, {k.lower(): v for k, v in self.headers.items()}))
-        length = int(self.headers.get("Content-Length") or 0)
-        self.body = self.rfile.read(length) if length else b""
+        self.body = self._read_body()
         try:
             self._route(method)
         except HubError as e:
@@ -417,6 +504,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except Exception:  # noqa: BLE001 - recorded, and answered so the client fails fast
             self.hub.errors.append(f"{method} {self.path}\n{traceback.format_exc()}")
             self._json({"error": "hub emulator bug, see HubServer.errors"}, status=400)
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            parts = []
+            while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)) > 0:
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                pass
+            return b"".join(parts)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
 
     def _send(self, status: int, body: bytes, headers: dict[str, str], head: bool = False) -> None:
         self.send_response(status)
@@ -444,9 +543,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         segments = [unquote(s) for s in split.path.split("/")[1:]]
         if segments and segments[-1] == "":
             segments.pop()
+        if segments == ["api", "repos", "create"] and method == "POST":
+            return self._create_repo()
+        if segments == ["api", "validate-yaml"] and method == "POST":
+            return self._json({"errors": [], "warnings": []})
         if len(segments) >= 2 and segments[0] == "api" and segments[1] in REPO_TYPES:
             repo, rest = self._find_repo(REPO_TYPES[segments[1]], segments[2:], API_OPERATIONS)
             return self._api(method, repo, rest)
+        if len(segments) == 2 and segments[0] == "lfs-upload" and method == "PUT":
+            return self._lfs_put(segments[1])
+        git = next((i for i, seg in enumerate(segments) if seg.endswith(".git")), None)
+        if git is not None and segments[git + 1:git + 4] == ["info", "lfs", "objects"] and method == "POST":
+            return self._lfs_api(segments[:git] + [segments[git][:-len(".git")]], segments[git + 4:])
         if len(segments) == 2 and segments[0] == "cdn-lfs" and method in ("GET", "HEAD"):
             content = self.hub.lfs_object(segments[1])
             if content is None:
@@ -494,6 +602,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if op == "commits" and method == "GET" and len(rest) >= 2:
             revision, _ = _split_revision(rest[1:], whole=True)
             return self._commits(repo, self._commit(repo, revision))
+        if op in ("preupload", "commit", "branch") and method == "POST" and len(rest) >= 2:
+            self._require_write()
+            revision, _ = _split_revision(rest[1:], whole=True)
+            if op == "branch":
+                return self._create_branch(repo, revision)
+            if _truthy(self.query.get("create_pr", ["0"])[-1]):
+                raise HubError(400, None, "pull requests are not emulated")
+            return self._preupload(repo, revision) if op == "preupload" else self._commit_api(repo, revision)
         raise HubError(404, None, f"Sorry, we can't find the page you are looking for: {self.path}")
 
     # -- API endpoints -----------------------------------------------------------------------
@@ -615,6 +731,131 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._json([{"id": c.sha, "title": c.title, "message": "", "date": _iso(c.date),
                      "authors": [{"user": "emulator", "avatar": ""}]} for c in chain[start:start + page]],
                    headers=headers)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def _require_write(self) -> None:
+        """A write needs a bearer token (one of `write_tokens` when the hub has them)."""
+        auth = self.headers.get("Authorization", "")
+        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else ""
+        if not token or (self.hub.write_tokens is not None and token not in self.hub.write_tokens):
+            raise HubError(401, None, "Invalid credentials in Authorization header")
+
+    def _repo_url(self, repo_type: str, repo_id: str) -> str:
+        return f"{self._base()}/{URL_PREFIXES[repo_type]}{repo_id}"
+
+    def _create_repo(self) -> None:
+        self._require_write()
+        data = json.loads(self.body or b"{}")
+        repo_type = data.get("type") or "model"
+        if repo_type not in URL_PREFIXES or not data.get("name"):
+            raise HubError(400, None, f"invalid repo type {repo_type!r} or name {data.get('name')!r}")
+        repo_id = f"{data['organization']}/{data['name']}" if data.get("organization") else data["name"]
+        url = self._repo_url(repo_type, repo_id)
+        with self.hub._write_lock:
+            if (repo_type, repo_id) in self.hub.repos:
+                message = f"You already created this {repo_type} repo"
+                return self._json({"error": message, "url": url}, status=409, headers={"X-Error-Message": message})
+            self.hub.create_repo(repo_id, repo_type, bool(data.get("private")))
+        self._json({"url": url, "name": repo_id, "id": hashlib.sha1(repo_id.encode()).hexdigest()[:24]})
+
+    def _create_branch(self, repo: HubRepo, branch: str) -> None:
+        data = json.loads(self.body or b"{}")
+        with repo._lock:
+            if branch in repo.branches:
+                raise HubError(409, None, f"Reference already exists: refs/heads/{branch}")
+            start = self._commit(repo, data.get("startingPoint") or "main")
+            repo.create_branch(branch, start.sha)
+        self._json({})
+
+    def _preupload(self, repo: HubRepo, revision: str) -> None:
+        commit = self._commit(repo, revision)
+        files = []
+        for f in json.loads(self.body)["files"]:
+            path = f["path"].strip("/")
+            existing = commit.files.get(path)
+            info = {"path": f["path"], "uploadMode": repo.upload_mode(path, f["size"], base64.b64decode(f["sample"])),
+                    "shouldIgnore": False}
+            if existing is not None:
+                info["oid"] = existing.sha256 if existing.lfs else existing.oid
+            files.append(info)
+        self._json({"files": files, "commitOid": commit.sha})
+
+    def _lfs_api(self, repo_segments: list[str], rest: list[str]) -> None:
+        repo_type = "model"
+        if repo_segments and repo_segments[0] in REPO_TYPES and repo_segments[0] != "models":
+            repo_type, repo_segments = REPO_TYPES[repo_segments[0]], repo_segments[1:]
+        repo = self.hub.repos.get((repo_type, "/".join(repo_segments)))
+        if repo is None:
+            raise HubError(404, "RepoNotFound", "Repository not found")
+        self._require_write()
+        data = json.loads(self.body or b"{}")
+        if rest == ["verify"]:
+            content = self.hub.uploaded.get(data.get("oid", ""))
+            if content is None or len(content) != data.get("size"):
+                raise HubError(404, None, f"LFS object {data.get('oid')} was not uploaded")
+            return self._json({})
+        if rest != ["batch"] or data.get("operation") != "upload":
+            raise HubError(400, None, "only LFS uploads are emulated (downloads use /resolve)")
+        objects = []
+        verify = f"{self._repo_url(repo.repo_type, repo.repo_id)}.git/info/lfs/objects/verify"
+        for obj in data["objects"]:
+            entry = {"oid": obj["oid"], "size": obj["size"]}
+            if self.hub.lfs_object(obj["oid"]) is None:
+                signature = uuid.uuid4().hex
+                self.hub._signatures[signature] = obj["oid"]
+                entry["authenticated"] = True
+                entry["actions"] = {
+                    "upload": {"href": f"{self._base()}/lfs-upload/{obj['oid']}?X-Amz-Signature={signature}"},
+                    "verify": {"href": verify, "header": {}}}
+            objects.append(entry)
+        self._json({"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
+
+    def _lfs_put(self, oid: str) -> None:
+        signature = self.query.get("X-Amz-Signature", [""])[-1]
+        if self.hub._signatures.get(signature) != oid:
+            raise HubError(403, None, "SignatureDoesNotMatch")
+        if hashlib.sha256(self.body).hexdigest() != oid:
+            raise HubError(400, None, f"content does not hash to {oid}")
+        self.hub.uploaded[oid] = self.body
+        self._send(200, b"", {"ETag": f'"{hashlib.md5(self.body).hexdigest()}"'})
+
+    def _commit_api(self, repo: HubRepo, revision: str) -> None:
+        lines = [json.loads(line) for line in self.body.splitlines() if line.strip()]
+        if not lines or lines[0].get("key") != "header":
+            raise HubError(400, None, "a commit starts with its header line")
+        header = lines[0]["value"]
+        changes: dict[str, Entry | None] = {}
+        for item in lines[1:]:
+            key, value = item["key"], item["value"]
+            path = value["path"].strip("/")
+            if key == "file":
+                changes[path] = Entry(path, base64.b64decode(value["content"]), lfs=False)
+            elif key == "lfsFile":
+                content = self.hub.lfs_object(value["oid"])
+                if content is None or ("size" in value and len(content) != value["size"]):
+                    raise HubError(422, None, f"Your push was rejected because an LFS pointer pointed to a file"
+                                              f" that does not exist: {value['oid']} ({path})")
+                changes[path] = Entry(path, content, lfs=True)
+            elif key == "deletedFile":
+                changes[path] = None
+            elif key == "deletedFolder":
+                changes[path + "/"] = None
+            else:
+                raise HubError(400, None, f"unknown commit operation {key!r}")
+        branch = revision[len("refs/heads/"):] if revision.startswith("refs/heads/") else revision
+        with repo._lock, self.hub._write_lock:
+            if branch not in repo.branches:
+                self._commit(repo, revision)  # 404 RevisionNotFound if unknown
+                raise HubError(400, None, f"Invalid rev id: {revision} is not a branch")
+            if header.get("parentCommit") and header["parentCommit"] != repo.branches[branch]:
+                raise HubError(412, None, "A commit has happened since. Please refresh and try again.")
+            if self.hub.fail_commits_after is not None and self.hub.api_commits >= self.hub.fail_commits_after:
+                raise HubError(503, None, "Service Unavailable (an emulated outage)")
+            sha = repo.apply(changes, branch=branch, message=header.get("summary") or "Upload files")
+            self.hub.api_commits += 1
+        self._json({"success": True, "commitOid": sha, "hookOutput": "", "pullRequestUrl": None,
+                    "commitUrl": f"{self._repo_url(repo.repo_type, repo.repo_id)}/commit/{sha}"})
 
     # -- files -------------------------------------------------------------------------------
 
