@@ -109,6 +109,24 @@ def test_tokens_per_second_mfu_and_device_hours_follow_from_the_run(run):
     assert cost.device_hours == cost.wall_seconds * cost.device_count / 3600
 
 
+def test_wall_time_counts_every_attempt_and_a_finished_run_adds_none(run, tmp_path):
+    from marin_assets.core.paths import using_prefix
+    from marin_assets.pipeline.train import ATTEMPTS_FILE, training_seconds
+
+    first = run.result.cost.wall_seconds
+    assert first > 0 and run.result.train_seconds == pytest.approx(first)
+    assert json.loads(open(os.path.join(run.output, ATTEMPTS_FILE)).read())["seconds"] == [first]
+    # The function run again over a finished run (as after a crash between training and the record):
+    # Levanter trains nothing, the time stays.
+    with using_prefix(run.prefix):
+        again = run.train.fn(run.output)
+    assert again.cost.wall_seconds == pytest.approx(first) and again.checkpoint_steps == run.result.checkpoint_steps
+    # A resumed run adds its attempt to the earlier ones.
+    out = str(tmp_path / "resumed")
+    assert training_seconds(out, 2.5) == 2.5 and training_seconds(out, 4.0) == 6.5
+    assert training_seconds(out, None) == 6.5
+
+
 def test_the_cpu_peak_is_recorded_as_a_measured_assumption(run):
     cost = run.result.cost
     assert cost.peak_source.startswith("CPU: no published peak; peak = measured float32 matmul throughput of this host")

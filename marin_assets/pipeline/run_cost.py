@@ -153,7 +153,8 @@ class RunCost:
     step_seconds: float
     """Sum of Levanter's per-step durations (Marin speedrun's "training time"; compilation included)."""
     wall_seconds: float
-    """Wall time of the training call that finished the run: startup, evaluation and checkpoints included."""
+    """Wall time of every training call that trained this run (a resumed run counts each attempt that returned;
+    one killed mid-way is lost with its process): startup, evaluation and checkpoints included."""
     device_hours: float
     """wall_seconds × device_count ÷ 3600."""
 

@@ -28,6 +28,7 @@ from typing import Any
 import fsspec
 
 from marin_assets.core.checks import Check, CheckOutcome
+from marin_assets.core.files import atomic_write
 from marin_assets.core.identity import canonical
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
@@ -344,17 +345,35 @@ def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weig
             hf_save_steps=10**9,  # only the forced export at the end
         )
         started = time.monotonic()
-        if not done or done[-1] + 1 < trainer.num_train_steps:  # Levanter refuses to re-run a finished run
+        ran = not done or done[-1] + 1 < trainer.num_train_steps  # Levanter refuses to re-run a finished run
+        if ran:
             with restored_root_logging(), JsonlMetrics(logger_name, metrics_file):
                 levanter_train.main(config)
         if remote:
             fs, path = fsspec.core.url_to_fs(output_path)
             fs.put(metrics_file, f"{path}/{METRICS_FILE}")
             fs.put(os.path.join(local, "reference"), f"{path}/reference", recursive=True)
-        result = summarize(output_path, run_id, trainer, time.monotonic() - started, metrics_file, model, vocab)
+        seconds = training_seconds(output_path, time.monotonic() - started if ran else None)
+        result = summarize(output_path, run_id, trainer, seconds, metrics_file, model, vocab)
         return replace(result, model=model, tokenizer=tokenizer_path, vocab_size=vocab,
                        train_tokens=trainer.num_train_steps * trainer.batch_tokens(model),
                        initialized_from=init.path if init is not None else None)
+
+
+ATTEMPTS_FILE = "train_attempts.json"
+
+
+def training_seconds(output_path: str, attempt: float | None) -> float:
+    """Wall seconds of every attempt that trained this run (`attempt`: this one's, None if it trained
+    nothing), kept beside the checkpoints so a resumed run's device-hours count every attempt that
+    finished its call. An attempt killed mid-way is not counted (its time is lost with its process)."""
+    url = join_path(output_path, ATTEMPTS_FILE)
+    fs, path = fsspec.core.url_to_fs(url)
+    attempts: list[float] = json.loads(fs.cat_file(path))["seconds"] if fs.exists(path) else []
+    if attempt is not None:
+        attempts.append(round(attempt, 2))
+        atomic_write(url, json.dumps({"seconds": attempts}).encode())
+    return sum(attempts)
 
 
 def _copy_if_exists(url: str, local_path: str) -> None:
