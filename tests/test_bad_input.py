@@ -21,6 +21,7 @@ from marin_assets import Resources, Step, StepDefinitionError, materialize_step
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.core.status import Status, read_status
 from marin_assets.core.step import walk
+from marin_assets.pipeline.chat import chat_tokenize_step
 from marin_assets.pipeline.download import hf_download_step, url_download_step
 from marin_assets.pipeline.hello import numbers_step
 from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
@@ -100,6 +101,19 @@ CASES = {
     "eval_set_field": Case("an evaluation set record without the text field",
                            r"decontaminate: evaluation set 'broken': .*bad\.jsonl, line 2: no 'text' field"
                            r" \(fields: 'question'\)"),
+    "chat_no_conversation": Case("a chat record without a conversation",
+                                 r"a\.jsonl, line 1: no 'messages' \(OpenAI\) or 'conversations' \(ShareGPT\)"
+                                 r" conversation \(fields: 'text'\)"),
+    "chat_not_a_list": Case("chat turns that are not a list",
+                            r"a\.jsonl, line 1: 'messages' is a string, not a list of turns"),
+    "chat_unknown_role": Case("a chat turn with an unknown role",
+                              r"a\.jsonl, line 1: turn 2 has role 'bot', not one of 'system', 'user', 'assistant'"),
+    "chat_empty_turn": Case("an empty chat turn", r"a\.jsonl, line 2: turn 1 \(user\) is empty"),
+    "chat_no_assistant": Case("a conversation without an assistant turn",
+                              r"a\.jsonl, line 1: no assistant turn \(roles: system, user\); SFT learns only from"
+                              r" assistant turns"),
+    "chat_turn_not_text": Case("a chat turn whose text is not text",
+                               r"a\.parquet, row 3: turn 2 \(gpt\) has 'value' null, not text"),
 }
 
 
@@ -209,6 +223,36 @@ def parquet_bytes(**columns) -> bytes:
 def test_unreadable_documents(tmp_path, prefix, neighbour, tokenizer_dir, case, file, content):
     steps = tokenize_folder(tmp_path, tokenizer_dir, {file: content}, case.replace("_", "-"), pattern=file)
     fails_at_materialize(case, steps, prefix)
+
+
+QUESTION = {"role": "user", "content": "What is a list?"}
+ANSWER = {"role": "assistant", "content": "A mutable sequence."}
+
+
+def chat_lines(*conversations) -> str:
+    return "".join(json.dumps(c) + "\n" for c in conversations)
+
+
+def sharegpt_parquet(*second_answers) -> bytes:
+    """ShareGPT conversations as parquet, one per given second turn's value."""
+    return parquet_bytes(conversations=[[{"from": "human", "value": "What is a list?"}, {"from": "gpt", "value": v}]
+                                        for v in second_answers])
+
+
+@pytest.mark.parametrize("case, file, content", [
+    ("chat_no_conversation", "a.jsonl", chat_lines({"text": "hi"})),
+    ("chat_not_a_list", "a.jsonl", chat_lines({"messages": "user: hi"})),
+    ("chat_unknown_role", "a.jsonl", chat_lines({"messages": [QUESTION, {"role": "bot", "content": "hi"}]})),
+    ("chat_empty_turn", "a.jsonl", chat_lines({"messages": [QUESTION, ANSWER]},
+                                              {"messages": [{"role": "user", "content": " \n"}, ANSWER]})),
+    ("chat_no_assistant", "a.jsonl", chat_lines({"messages": [{"role": "system", "content": "Be brief."}, QUESTION]})),
+    ("chat_turn_not_text", "a.parquet", sharegpt_parquet("A mutable sequence.", "An ordered one.", None)),
+])
+def test_malformed_conversations(tmp_path, prefix, neighbour, tokenizer_dir, case, file, content):
+    data = url_download_step(f"raw/{case}", [folder(tmp_path, {file: content})])
+    tok = existing_tokenizer_step("tokenizers/good", tokenizer_dir)
+    chat = chat_tokenize_step(f"tokenized/{case}", data, tok, splits={"train": [file]})
+    fails_at_materialize(case, [data, tok, chat], prefix)
 
 
 def test_unknown_hugging_face_revision(prefix, neighbour, monkeypatch):

@@ -206,6 +206,8 @@ def data_config(tokenizer: str, caches: dict[str, str],
     `vocab_size`: the model's vocabulary (Levanter then sees a `model_vocab_view` of the tokenizer);
     `max_train_batches`: component → train on only its first that many batches' worth of sequences;
     `block_size`: the mixing block in sequences; stage starts (step × batch size) must fall on one.
+    A chat cache (`pipeline/chat.py`) is read in Levanter's chat format, whatever reads it: loss only on
+    its assistant tokens, in training and in evaluation alike.
     """
     from levanter.data.text import UrlDatasetSourceConfig
 
@@ -216,10 +218,25 @@ def data_config(tokenizer: str, caches: dict[str, str],
         stages = [(int(start), dict(w)) for start, w in weights]
         train_weights = stages[0][1] if len(stages) == 1 else stages
     return _mixture_class()(tokenizer=tokenizer, cache_dir=None,
-                            configs={k: UrlDatasetSourceConfig(cache_dir=path) for k, path in caches.items()},
+                            configs={k: UrlDatasetSourceConfig(cache_dir=path, format=cache_format(path))
+                                     for k, path in caches.items()},
                             train_weights=train_weights, model_vocab_size=vocab_size,
                             max_train_batches=dict(max_train_batches) if max_train_batches else None,
                             mixture_block_size=block_size)
+
+
+def cache_format(cache_dir: str):
+    """Levanter's format for a finished cache: `ChatLmDatasetFormat` (packed conversations, loss on the tokens
+    its assistant masks mark) when its ledger records a chat template, else text."""
+    from levanter.data.text import ChatLmDatasetFormat, TextLmDatasetFormat
+
+    from marin_assets.pipeline.chat import MESSAGES_FIELD, chat_template_of_cache
+
+    template = chat_template_of_cache(cache_dir)
+    if template is None:
+        return TextLmDatasetFormat()
+    return ChatLmDatasetFormat(messages_field=MESSAGES_FIELD, chat_template=template, pack=True,
+                               mask_user_turns=True)
 
 
 def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_logger: str,

@@ -242,6 +242,76 @@ def _parquet(file: str, text_field: str, batch_size: int, skip: int) -> Iterator
                     row += len(column)
 
 
+# --- records (structured fields) ------------------------------------------------------------
+
+
+def iter_records(file: str, fields: Sequence[str], text_format: str = "auto",
+                 batch_size: int = 256) -> Iterator[tuple[Sequence[int], list[dict[str, Any]]]]:
+    """(line or row numbers, records) of a JSON lines or parquet file, in batches, for data whose fields are
+    structured (chat turns) rather than text: a JSON line's whole object, or a parquet row's values in those of
+    `fields` the file has (only those columns are read; a file with none of them is an error naming its
+    columns). What the values mean is the caller's to check."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    fmt = format_of(file, text_format)
+    if fmt == "parquet":
+        return _parquet_records(file, fields, batch_size)
+    if fmt != "jsonl":
+        raise DatasetError(f"{file}: records are read from JSON lines or parquet, not {fmt}")
+    return _json_records(file, batch_size)
+
+
+def _json_records(file: str, batch_size: int) -> Iterator[tuple[list[int], list[dict[str, Any]]]]:
+    numbers: list[int] = []
+    records: list[dict[str, Any]] = []
+    number = 0
+    try:
+        with open_binary(file) as stream:
+            for number, line in enumerate(stream, start=1):
+                if line.isspace():
+                    continue
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    record = _retry_without_bom(file, number, line, e)
+                if type(record) is not dict:
+                    raise DatasetError(f"{file}, line {number}: a JSON {_json_type(record)}, not an object (JSON"
+                                       " lines hold one object per line)")
+                numbers.append(number)
+                records.append(record)
+                if len(records) >= batch_size:
+                    yield numbers, records
+                    numbers, records = [], []
+    except DECOMPRESSION_ERRORS as e:
+        raise _unreadable(file, number, e) from None
+    if records:
+        yield numbers, records
+
+
+def _parquet_records(file: str, fields: Sequence[str], batch_size: int) -> Iterator[tuple[range, list[dict]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fs, path = fsspec.core.url_to_fs(file)
+    row = 1  # the 1-based number of the next row
+    try:
+        with fs.open(path, "rb") as source, pq.ParquetFile(source) as parquet:
+            names = parquet.schema_arrow.names
+            columns = [f for f in fields if f in names]
+            if not columns:
+                wanted = " or ".join(repr(f) for f in fields)
+                raise DatasetError(f"{file}: no {wanted} column (columns: {', '.join(names) or 'none'})")
+            for batch in parquet.iter_batches(batch_size=batch_size, columns=columns):
+                values = [batch.column(c).to_pylist() for c in columns]
+                yield range(row, row + batch.num_rows), [dict(zip(columns, row_values, strict=True))
+                                                         for row_values in zip(*values, strict=True)]
+                row += batch.num_rows
+    except (pa.ArrowException, OSError) as e:
+        if row == 1:
+            raise DatasetError(f"{file}: not a readable parquet file ({e})") from None
+        raise DatasetError(f"{file}, row {row}: unreadable parquet data ({e})") from None
+
+
 # --- opening, decompressing -----------------------------------------------------------------
 
 

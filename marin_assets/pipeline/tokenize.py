@@ -87,6 +87,11 @@ class TokenizedCache:
     backend_reason: str = ""
     """Why that backend: the parity check's outcome, or the user's request."""
     text_format: str = "auto"
+    chat_template: str | None = None
+    """Set for a chat cache (ids and assistant masks per conversation: Levanter's chat format, loss on the
+    assistant tokens only), to the template it was rendered with (`pipeline/chat.py`); None: a text cache."""
+    assistant_tokens: dict[str, int] = field(default_factory=dict)
+    """Per split of a chat cache, how many of its tokens carry loss (the assistant turns)."""
 
 
 def tokenizer_fingerprint(tokenizer_path: str) -> str:
