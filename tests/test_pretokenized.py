@@ -168,3 +168,33 @@ def test_a_bad_cache_fails_clearly_and_never_succeeds(made, tmp_path, case):
     assert read_status(out).status is Status.FAILED
     with pytest.raises(RecordNotAvailableError):
         read_record(out)
+
+
+def test_a_chat_cache_comes_back_as_a_chat_cache_with_its_masks_verified(made, tmp_path):
+    """A chat cache (ids and assistant masks) downloaded is a chat cache again: same template, same loss
+    tokens, so training reads it in Levanter's chat format; a mask that is not 0/1 is refused."""
+    import numpy as np
+
+    from marin_assets.pipeline import levanter_cache as lc
+    from marin_assets.pipeline.chat import chat_tokenize
+    from marin_assets.pipeline.levanter_configs import cache_format
+    from tests.support.chat import write_chat_dataset
+
+    tokenizer = made.tokenizer.output_path_under(made.prefix)
+    dataset = write_chat_dataset(tmp_path / "chat", train=12, validation=3, seed=5)
+    made_here = chat_tokenize(str(tmp_path / "chat-cache"), dataset, tokenizer)
+    copied = pretokenized_step("tokenized/pretok-chat", f"file://{made_here.path}", made.tokenizer)
+    cache = materialize_step(copied, prefix=made.prefix).record.result
+    assert cache["chat_template"] == made_here.chat_template
+    assert cache["assistant_tokens"] == made_here.assistant_tokens and all(made_here.assistant_tokens.values())
+    assert type(cache_format(cache["path"])).__name__ == "ChatLmDatasetFormat"
+
+    broken = tmp_path / "broken"
+    shutil.copytree(made_here.path, broken)
+    store = lc.open_store({"input_ids": np.zeros((0,), np.int32), "assistant_masks": np.zeros((0,), np.int32)},
+                          str(broken / "train"), mode="a")
+    store.tree["assistant_masks"].data[3].write(7).result()
+    bad = pretokenized_step("tokenized/pretok-chat-bad", f"file://{broken}", made.tokenizer)
+    with pytest.raises(Exception, match=r"train/assistant_masks/data: value 7 at position 3 is not a 0/1 assistant"):
+        materialize_step(bad, prefix=made.prefix)
+    assert read_status(bad.output_path_under(made.prefix)).status is Status.FAILED

@@ -154,6 +154,17 @@ def _chat_processor(tokenizer: Any, template: str):
     return ChatProcessor(tokenizer, chat_template=template, messages_field=MESSAGES_FIELD, mask_user_turns=True)
 
 
+def chat_exemplar(tokenizer: Any, template: str) -> dict:
+    """The fields of a chat cache's rows (ids and assistant masks), as Levanter's store opens them."""
+    return _chat_processor(tokenizer, template).output_exemplar
+
+
+def assistant_token_counts(cache_dir: str, splits: Sequence[str], exemplar: dict) -> dict[str, int]:
+    """Tokens that carry loss (assistant-mask ones) in each split of a finished chat cache."""
+    return {split: _split_counts(lc.open_store(exemplar, join_path(cache_dir, split), mode="r"))[1]
+            for split in splits}
+
+
 def _render(processor: Any, conversations: list[list[dict[str, str]]], file: str, numbers: Sequence[int],
             unit: str) -> list[dict]:
     """The processor's rows for a batch; a conversation it masks nothing of names its line."""

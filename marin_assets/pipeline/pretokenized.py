@@ -169,11 +169,14 @@ def verify_split(path: str, split: str, exemplar: dict, vocab_size: int) -> Spli
             stop = min(size, start + READ_ELEMENTS)
             ids = _read(jagged.data, start, stop, join_path(path, data_files[start // chunk]))
             low, high = int(ids.min()), int(ids.max())
-            if low < 0 or high >= vocab_size:
+            limit = vocab_size if field == "input_ids" else 2  # a chat cache's assistant masks are 0 or 1
+            if low < 0 or high >= limit:
                 bad = low if low < 0 else high
                 position = start + int((ids == bad).argmax())
-                raise _problem(join_path(path, array, "data"), f"token id {bad} at position {position:,} is outside"
-                                                               f" the tokenizer's {vocab_size:,} ids")
+                what = (f"outside the tokenizer's {vocab_size:,} ids" if field == "input_ids"
+                        else "not a 0/1 assistant mask")
+                raise _problem(join_path(path, array, "data"), f"{'token id' if field == 'input_ids' else 'value'}"
+                                                               f" {bad} at position {position:,} is {what}")
         if field == "input_ids":
             tokens = size
     return SplitStats(rows, tokens, len(ledger.get("finished_shards") or shard_rows))
@@ -198,9 +201,11 @@ def check_fingerprint(marker: str, tokenizer_path: str) -> tuple[dict, str]:
     return found, ours
 
 
-def verify_pretokenized(path: str, tokenizer_path: str) -> tuple[dict[str, SplitStats], Framing | None, str]:
+def verify_pretokenized(path: str, tokenizer_path: str) -> tuple[dict[str, SplitStats], Framing | None, str,
+                                                               str | None, dict]:
     """A whole cache made with `tokenizer_path`'s tokenizer, every split consistent: (splits, framing, fingerprint)."""
     from marin_assets.pipeline import levanter_cache as lc
+    from marin_assets.pipeline.chat import chat_exemplar, chat_template_of_cache
     from marin_assets.pipeline.encoders import hf_tokenizer
     from marin_assets.pipeline.tokenizer import largest_token_id
 
@@ -210,11 +215,13 @@ def verify_pretokenized(path: str, tokenizer_path: str) -> tuple[dict[str, Split
     if not splits:
         raise _problem(path, f"no Levanter cache here: no {{split}}/{LEDGER_FILE}")
     tokenizer = hf_tokenizer(tokenizer_path)
-    exemplar = lc.batch_tokenizer(tokenizer, "text").output_exemplar
+    template = chat_template_of_cache(path)
+    exemplar = (chat_exemplar(tokenizer, template) if template is not None  # ids and assistant masks
+                else lc.batch_tokenizer(tokenizer, "text").output_exemplar)
     vocab_size = largest_token_id(tokenizer) + 1
     stats = {split: verify_split(path, split, exemplar, vocab_size) for split in splits}
     framing = Framing(**found["framing"]) if found.get("framing") else None
-    return stats, framing, ours
+    return stats, framing, ours, template, exemplar
 
 
 def download_pretokenized_cache(output_path: str, source: str, tokenizer_path: str, revision: str = "main",
@@ -237,13 +244,17 @@ def download_pretokenized_cache(output_path: str, source: str, tokenizer_path: s
         got = download_hf(output_path, source, sha, include=("[!.]*",), repo_type=repo_type)
         origin = f"{got.source}@{got.revision}"
     try:
-        splits, framing, fingerprint = verify_pretokenized(output_path, tokenizer_path)
+        splits, framing, fingerprint, template, exemplar = verify_pretokenized(output_path, tokenizer_path)
     except (PretokenizedCacheError, TokenizerMismatchError) as e:
         e.add_note(f"(the cache was copied from {origin})")
         raise
+    from marin_assets.pipeline.chat import assistant_token_counts
+
+    assistant = assistant_token_counts(output_path, sorted(splits), exemplar) if template is not None else {}
     return TokenizedCache(path=output_path, tokenizer=tokenizer_path, tokenizer_fingerprint=fingerprint,
                           vocab_size=largest_token_id(hf_tokenizer(tokenizer_path)) + 1, splits=splits,
-                          framing=framing, backend="pretokenized", backend_reason=f"downloaded from {origin}")
+                          framing=framing, backend="pretokenized", backend_reason=f"downloaded from {origin}",
+                          chat_template=template, assistant_tokens=assistant)
 
 
 def pretokenized_step(name: str, source: str, tokenizer: Step, revision: str = "main",
