@@ -1,12 +1,14 @@
 """Evaluate every checkpoint as it lands: the per-checkpoint evaluation asset and its sensor.
 
-`CheckpointEvals` (pipeline library) names a training step and its validation sets. Its asset
-is made by `step_asset` like every step asset, partitioned: one dynamic partition per
-checkpoint step, each the step `{name}/step-N`, so evaluations are cached and leased like any
-output. The sensor lists the training run's checkpoint folder once per tick (local or
-`gs://`, through fsspec) and, for each new complete permanent checkpoint, adds the partition
-and requests its evaluation — while training is still running, since a checkpoint is read
-from its folder, not from the training step's record.
+A family of per-checkpoint evaluations (pipeline library, `PerCheckpointEvals`) names a training
+step and what to evaluate: validation losses (`CheckpointEvals`) or lm-eval tasks
+(`HarnessCheckpointEvals`). Its asset is made by `step_asset` like every step asset, partitioned:
+one dynamic partition per checkpoint step, each the step `{name}/step-N`, so evaluations are
+cached and leased like any output; every materialization shows a table of all checkpoints so
+far. The sensor lists the training run's checkpoint folder once per tick (local or `gs://`,
+through fsspec) and, for each new complete permanent checkpoint, adds the partition and
+requests its evaluation — while training is still running, since a checkpoint is read from its
+folder, not from the training step's record.
 """
 
 from __future__ import annotations
@@ -23,68 +25,57 @@ from marin_assets.core.materialize import StepOutcome
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.dagster.assets import Partitioned, step_asset, storage_settings
 from marin_assets.dagster.naming import asset_key
-from marin_assets.pipeline.evaluate import CheckpointEvals
+from marin_assets.pipeline.evaluate import PerCheckpointEvals
 from marin_assets.pipeline.train import list_checkpoints, run_dir_of
 from resources.storage import StorageResource
 
 CHECKPOINT_TAG = "marin/checkpoint"
 
 
-def partitions_name(evals: CheckpointEvals) -> str:
+def partitions_name(evals: PerCheckpointEvals) -> str:
     """Partitions per training identity: a retrained model starts a fresh set."""
     return re.sub(r"[^A-Za-z0-9_]", "_", evals.train.name_with_hash)
 
 
-def partitions_of(evals: CheckpointEvals) -> dg.DynamicPartitionsDefinition:
+def partitions_of(evals: PerCheckpointEvals) -> dg.DynamicPartitionsDefinition:
     """The dynamic partitions of `evals`' asset, one per evaluated checkpoint step."""
     return dg.DynamicPartitionsDefinition(name=partitions_name(evals))
 
 
-def results_table(evals: CheckpointEvals, checkpoints: Sequence[int], prefix: str) -> dg.TableMetadataValue:
-    """Loss and bits per byte of every evaluated checkpoint, one row per step."""
-    sets = sorted(evals.validation)
+def results_table(evals: PerCheckpointEvals, checkpoints: Sequence[int], prefix: str) -> dg.TableMetadataValue:
+    """The results of every evaluated checkpoint (loss and bits per byte; each task's accuracies), one row per step."""
     rows = []
     for checkpoint in sorted(checkpoints):
         try:
             result = read_record(evals.step(checkpoint).output_path_under(prefix)).result
         except RecordNotAvailableError:
             continue  # not evaluated yet
-        row: dict[str, Any] = {"step": checkpoint, "loss": result["loss"], "bpb": result.get("bpb")}
-        for name in sets:
-            row[f"{name}/loss"] = result["per_dataset"].get(name, {}).get("loss")
-            row[f"{name}/bpb"] = result["per_dataset"].get(name, {}).get("bpb")
+        row: dict[str, Any] = {"step": checkpoint, **evals.row(result)}
         rows.append(dg.TableRecord({k: v for k, v in row.items() if v is not None}))
-    columns = [dg.TableColumn("step", "int"), dg.TableColumn("loss", "float"), dg.TableColumn("bpb", "float")]
-    columns += [dg.TableColumn(f"{n}/{m}", "float") for n in sets for m in ("loss", "bpb")]
+    columns = [dg.TableColumn("step", "int")] + [dg.TableColumn(c, "float") for c in evals.columns()]
     return dg.MetadataValue.table(rows, schema=dg.TableSchema(columns))
 
 
-def checkpoint_evals_asset(evals: CheckpointEvals) -> dg.AssetsDefinition:
+def checkpoint_evals_asset(evals: PerCheckpointEvals) -> dg.AssetsDefinition:
     """The partitioned asset: partition `N` evaluates checkpoint step N (made by `step_asset`)."""
     def summary(partition: str, outcome: StepOutcome, context: dg.AssetExecutionContext) -> dict[str, Any]:
         checkpoint = int(partition)
         prefix, _ = storage_settings(context.resources.storage)
         known = {int(k) for k in context.instance.get_dynamic_partitions(partitions_name(evals))}
-        result = outcome.record.result
         return {  # numbers per partition: Dagster plots them against the partitions
-            "checkpoint_step": checkpoint, "loss": result["loss"],
-            **({"bpb": result["bpb"]} if result.get("bpb") is not None else {}),
+            "checkpoint_step": checkpoint, **evals.numbers(outcome.record.result),
             "all_checkpoints": results_table(evals, sorted(known | {checkpoint}), prefix),
         }
 
-    template = dataclasses.replace(
-        evals.step(0),
-        description=f"Loss and bits per byte of every checkpoint of `{evals.train.name}` on"
-                    f" {', '.join(sorted(evals.validation))}, one partition per checkpoint step, added by the"
-                    " checkpoint sensor as each lands. Made by `marin_assets.pipeline.evaluate.evaluate_lm`.")
+    template = dataclasses.replace(evals.step(0), description=evals.description)
     family = Partitioned(name=evals.name, partitions_def=partitions_of(evals),
                          step_for=lambda key: evals.step(int(key)), code_version=evals.hash,
-                         deps=[evals.train, *evals.validation.values()], summary=summary)
+                         deps=[evals.train, *evals.deps], summary=summary)
     return step_asset(template, partitioned=family)
 
 
 def checkpoint_sensor(
-    evals: Sequence[CheckpointEvals],
+    evals: Sequence[PerCheckpointEvals],
     *,
     name: str = "marin_checkpoint_evals",
     minimum_interval_seconds: int = 60,
@@ -95,7 +86,12 @@ def checkpoint_sensor(
     The cursor keeps the checkpoint steps seen per training identity, so a restarted daemon
     neither repeats nor misses one; run keys make a repeat impossible even without it.
     Temporary checkpoints (saved by time, deleted at the next save) are seen but not evaluated.
+    Families evaluating one training run (its losses and its lm-eval tasks) share its partitions
+    and get one run per checkpoint that materializes all of them.
     """
+    watched: dict[str, list[PerCheckpointEvals]] = {}  # per training identity
+    for e in evals:
+        watched.setdefault(partitions_name(e), []).append(e)
 
     @dg.sensor(
         name=name,
@@ -108,14 +104,14 @@ def checkpoint_sensor(
         prefix, _ = storage_settings(storage)
         seen: dict[str, list[int]] = json.loads(context.cursor) if context.cursor else {}
         runs, partitions = [], []
-        for e in evals:
-            name = partitions_name(e)
+        for name, families in watched.items():
+            e = families[0]
             known = set(seen.get(name, []))
             found = list_checkpoints(run_dir_of(e.train.output_path_under(prefix)), known)
             new = sorted(step for step, temporary in found.items() if not temporary)
             if new:
                 partitions.append(partitions_of(e).build_add_request([str(s) for s in new]))
-                runs += [dg.RunRequest(run_key=f"{name}:{s}", asset_selection=[asset_key(e.name)],
+                runs += [dg.RunRequest(run_key=f"{name}:{s}", asset_selection=[asset_key(f.name) for f in families],
                                        partition_key=str(s), tags={CHECKPOINT_TAG: str(s)}) for s in new]
             if found:
                 seen[name] = sorted(known | set(found))

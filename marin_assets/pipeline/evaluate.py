@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import fsspec
 
@@ -229,7 +230,72 @@ class CheckpointEvals:
                                          "validation": sorted(self.validation)},
                              sorted(v.name_with_hash for v in self.validation.values()))
 
+    @property
+    def deps(self) -> list[Step]:
+        """Upstream assets besides the training step: the validation caches."""
+        return [self.validation[k] for k in sorted(self.validation)]
+
+    @property
+    def description(self) -> str:
+        """What the partitioned asset shows."""
+        return (f"Loss and bits per byte of every checkpoint of `{self.train.name}` on"
+                f" {', '.join(sorted(self.validation))}, one partition per checkpoint step, added by the"
+                " checkpoint sensor as each lands. Made by `marin_assets.pipeline.evaluate.evaluate_lm`.")
+
     def step(self, checkpoint: int) -> Step:
         """The evaluation of checkpoint step `checkpoint`."""
         return checkpoint_eval_step(f"{self.name}/step-{checkpoint}", self.train, self.validation, checkpoint,
                                     self.max_eval_batches)
+
+    def numbers(self, result: Mapping[str, Any]) -> dict[str, float]:
+        """A partition's numbers (Dagster plots them across partitions): loss, and bits per byte if measured."""
+        return {"loss": result["loss"], **({"bpb": result["bpb"]} if result.get("bpb") is not None else {})}
+
+    def row(self, result: Mapping[str, Any]) -> dict[str, float | None]:
+        """A checkpoint's row of the all-checkpoints table: loss and bits per byte, overall and per set."""
+        row = {"loss": result["loss"], "bpb": result.get("bpb")}
+        for name in sorted(self.validation):
+            for metric in ("loss", "bpb"):
+                row[f"{name}/{metric}"] = result["per_dataset"].get(name, {}).get(metric)
+        return row
+
+    def columns(self) -> list[str]:
+        """The all-checkpoints table's columns after `step`."""
+        return ["loss", "bpb"] + [f"{n}/{m}" for n in sorted(self.validation) for m in ("loss", "bpb")]
+
+
+class PerCheckpointEvals(Protocol):
+    """What the per-checkpoint asset and sensor need of an evaluation family (`CheckpointEvals`,
+    `harness.HarnessCheckpointEvals`): one step per checkpoint of `train`, and how to show its results."""
+
+    @property
+    def name(self) -> str:
+        """Asset name; checkpoint N's step is `{name}/step-N`."""
+
+    @property
+    def train(self) -> TrainStep:
+        """The training step whose checkpoints are evaluated."""
+
+    @property
+    def hash(self) -> str:
+        """Identity of the family: the asset's code version."""
+
+    @property
+    def deps(self) -> list[Step]:
+        """Upstream assets besides the training step."""
+
+    @property
+    def description(self) -> str:
+        """The asset's description."""
+
+    def step(self, checkpoint: int) -> Step:
+        """The evaluation of checkpoint step `checkpoint`."""
+
+    def numbers(self, result: Mapping[str, Any]) -> dict[str, float]:
+        """A partition's numbers, from its step's result (JSON)."""
+
+    def row(self, result: Mapping[str, Any]) -> dict[str, float | None]:
+        """A checkpoint's row of the all-checkpoints table (after `step`)."""
+
+    def columns(self) -> list[str]:
+        """The all-checkpoints table's columns (after `step`), all floats."""
