@@ -33,7 +33,7 @@ $(DAGSTER_HOME)/dagster.yaml:
 	printf 'telemetry:\n  enabled: false\n' > $@
 
 demo: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster asset materialize -f definitions.py --select '*hello/report,*exports/python-docs-llama,*evals/python-docs-llama'
+	$(BIN)/dagster asset materialize -f definitions.py --select '*hello/report,*exports/python-docs-llama,*evals/python-docs-llama,*evals/python-docs-llama-harness'
 	@echo
 	@echo "Outputs (second run of 'make demo' reports every asset cached: true):"
 	@$(BIN)/marin-assets status --select '*'

@@ -18,19 +18,20 @@ from marin_assets.dagster import (
     unsynced_schedule,
     watched_sources,
 )
-from marin_assets.experiments import hello_world, python_docs
+from marin_assets.experiments import downstream_eval, hello_world, python_docs, sft_chat
 from resources import RayResource, StorageResource
 
-steps = hello_world.steps + python_docs.steps
+steps = hello_world.steps + python_docs.steps + downstream_eval.steps + sft_chat.steps
+per_checkpoint = python_docs.per_checkpoint + downstream_eval.per_checkpoint  # one sensor, one run per checkpoint
 
 defs = build_definitions(
     steps,
     resources={"storage": StorageResource(), "ray": RayResource()},
     describe_drift=True,  # unsynced assets say which hash_attrs changed (read when the definitions load)
     automation=automate(hello_world.steps),  # hello world opts in to materializing itself
-    extra_assets=[checkpoint_evals_asset(e) for e in python_docs.per_checkpoint],
+    extra_assets=[checkpoint_evals_asset(e) for e in per_checkpoint],
     sensors=[
-        checkpoint_sensor(python_docs.per_checkpoint),
+        checkpoint_sensor(per_checkpoint),
         automation_sensor(hello_world.steps),
         *([source_sensor(steps)] if watched_sources(steps) else []),
     ],
