@@ -243,7 +243,7 @@ def upload_to_hub(output_path: str, source_path: str, repo_id: str, branch: str 
         head = commits[-1]
     else:
         with _hub_errors(where, "reading the branch"):
-            head = api.repo_info(repo_id, repo_type=repo_type, revision=branch).sha
+            head = api.repo_info(repo_id, repo_type=repo_type, revision=branch).sha or branch
     ordered = [recorded[relative] for relative, _ in files]
     uploaded = [f for f in ordered if not f.skipped]
     skipped = [f for f in ordered if f.skipped]

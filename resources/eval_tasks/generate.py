@@ -26,7 +26,7 @@ FEWSHOT, TEST = 16, 100
 
 def sentences(text: str) -> list[str]:
     """The plain-prose sentences of a document's paragraphs (no code, no lists, no markup)."""
-    out = []
+    out: list[str] = []
     for paragraph in text.split("\n\n"):
         if any(line.startswith((" ", ">>>", "-", "*", "+")) for line in paragraph.splitlines()):
             continue
