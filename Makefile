@@ -20,17 +20,26 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
-# Dagster's CLI loads ./.env before its instance: plain `.venv/bin/dagster dev` or
+# The instance's dagster.yaml: no telemetry, and no "Join the Dagster community" modal (nux) on the
+# UI's first visit, so `make dev` opens on the asset graph. A file that exists keeps its settings;
+# one written before nux was set gains the key.
+define instance_yaml
+	mkdir -p $(dir $(1))
+	test -f $(1) || printf 'telemetry:\n  enabled: false\nnux:\n  enabled: false\n' > $(1)
+	grep -q '^nux:' $(1) || printf '\nnux:\n  enabled: false\n' >> $(1)
+endef
+
+# Dagster's CLI (and dg) loads ./.env before its instance: plain `.venv/bin/dagster dev`, `dg dev` or
 # `dagster asset materialize` from the root then use the project-local instance too
 # (an exported DAGSTER_HOME still wins).
 .env:
-	mkdir -p .dagster_home
-	test -f .dagster_home/dagster.yaml || printf 'telemetry:\n  enabled: false\n' > .dagster_home/dagster.yaml
+	$(call instance_yaml,.dagster_home/dagster.yaml)
 	printf 'DAGSTER_HOME=$${DAGSTER_HOME:-%s}\n' "$(CURDIR)/.dagster_home" > $@
 
-$(DAGSTER_HOME)/dagster.yaml:
-	mkdir -p $(DAGSTER_HOME)
-	printf 'telemetry:\n  enabled: false\n' > $@
+# Remade when the Makefile changes, so an instance made before nux was set gains it.
+$(DAGSTER_HOME)/dagster.yaml: Makefile
+	$(call instance_yaml,$@)
+	touch $@
 
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster asset materialize -f definitions.py --select '*hello/report,*exports/python-docs-llama,*evals/python-docs-llama,*evals/python-docs-llama-harness'
