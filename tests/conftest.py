@@ -63,6 +63,28 @@ def gs_prefix(gcs):
 
 
 @pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A local S3 (moto's server) for the whole session, with this process's S3 clients pointed at it
+    (through the standard AWS variables, which subprocesses inherit) and a bucket `marin`."""
+    import fsspec
+
+    from tests.support.s3_server import moto_s3_server, use_s3_server
+
+    with moto_s3_server(tmp_path_factory.mktemp("s3") / "moto.log") as url:
+        use_s3_server(url)
+        fsspec.filesystem("s3").mkdir("marin")
+        yield url
+
+
+@pytest.fixture
+def s3_prefix(s3):
+    """A fresh `s3://marin/<random>` storage prefix on the local S3."""
+    import uuid
+
+    return f"s3://marin/{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
 def planted(tmp_path_factory):
     """The planted corpus (real documentation with known defects, `curation.planted`): raw, normalized
     into several shards, and its truth. Stages read `planted.normalized` and write under their own tmp_path.

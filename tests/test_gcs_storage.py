@@ -1,22 +1,21 @@
 """gs:// storage against a local GCS emulator (fake-gcs-server): the same definitions with a
 `gs://` prefix, and the exactly-once lease kept by GCS generation preconditions."""
 
-import json
 import subprocess
-import sys
-import time
 
 import fsspec
-import pytest
 
 from marin_assets import materialize_step, read_record
-from marin_assets.core.lease import Lease, LeaseLostError, LeaseSettings, acquire
-from marin_assets.core.status import GCSStatusStore, Status, StatusRecord, read_status, status_store
-from marin_assets.core.step import Step, walk
+from marin_assets.core.status import GCSStatusStore, Status, read_status
+from marin_assets.core.step import walk
 from tests.support.gcs_emulator import emulator_env
-from tests.support.helpers import BIN, ROOT, subprocess_env
-
-FAST = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.5, poll_interval=0.05)
+from tests.support.helpers import BIN, FAST, ROOT, subprocess_env
+from tests.support.lease_contract import (
+    racing_processes_compute_once,
+    simultaneous_creates_have_one_winner,
+    stale_lease_is_taken_over,
+    stale_writer_refused_and_robbed_holder_cannot_succeed,
+)
 
 
 def test_the_demo_hello_world_materializes_to_gs_through_the_cli(gs_prefix, dagster_home, tmp_path):
@@ -57,64 +56,20 @@ def test_a_tokenize_step_writes_its_levanter_cache_to_gs(gs_prefix):
     assert again.cached
 
 
-def start_worker(prefix, events, sleep, env):
-    worker = str(ROOT / "tests" / "support" / "lease_worker.py")
-    return subprocess.Popen([sys.executable, worker, prefix, str(events), "ok", str(sleep), "0.2", "1.5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
 def test_racing_processes_on_gs_compute_once(gs_prefix, tmp_path, gcs):
-    events = tmp_path / "events"
-    env = subprocess_env(**emulator_env(gcs))
-    procs = [start_worker(gs_prefix, events, 2.0, env) for _ in range(5)]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err[-2000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    assert events.read_text().split()[0::2] == ["start", "done"]  # one computation
-    assert len({r["result_pid"] for r in results}) == 1
-    assert sorted(r["cached"] for r in results) == [False] + [True] * 4
-    assert read_status(results[0]["output_path"]).status is Status.SUCCESS
+    racing_processes_compute_once(gs_prefix, tmp_path / "events", subprocess_env(**emulator_env(gcs)))
+
+
+def test_writers_released_together_on_gs_create_one_status(gs_prefix):
+    simultaneous_creates_have_one_winner(gs_prefix, GCSStatusStore)
 
 
 def test_a_stale_lease_on_gs_is_taken_over(gs_prefix):
-    step = Step(name="gcs/stale", fn=lambda out: "fresh", hash_attrs={"n": 1})
-    out = step.output_path_under(gs_prefix)
-    store = status_store(out)
-    assert isinstance(store, GCSStatusStore)
-    dead = StatusRecord(Status.RUNNING, holder="gone:1:x", token="t", heartbeat=time.time() - 60)
-    assert store.write_if(None, dead) is not None
-    outcome = materialize_step(step, prefix=gs_prefix, settings=FAST)
-    assert not outcome.cached and "stale RUNNING by gone:1:x" in outcome.took_over
-    assert read_status(out).status is Status.SUCCESS and outcome.record.result == "fresh"
+    stale_lease_is_taken_over(gs_prefix, GCSStatusStore)
 
 
 def test_generation_preconditions_refuse_a_stale_writer_and_a_robbed_holder_cannot_succeed(gs_prefix):
-    out = f"{gs_prefix}/gcs/robbed_abc"
-    store = GCSStatusStore(out)
-    first = StatusRecord(Status.RUNNING, holder="a", token="1", heartbeat=time.time())
-    version = store.write_if(None, first)
-    assert version is not None
-    other = StatusRecord(Status.RUNNING, holder="c", token="3", heartbeat=time.time())
-    assert store.write_if(None, other) is None  # create-if-absent: it exists now
-    second = StatusRecord(Status.RUNNING, holder="b", token="2", heartbeat=time.time())
-    assert store.write_if(version, second) is not None
-    assert store.write_if(version, other) is None  # a stale generation is refused
-    assert store.read()[0] == second
-
-    settings = LeaseSettings(heartbeat_interval=0.2, stale_timeout=0.5, poll_interval=0.05)
-    victim = acquire(GCSStatusStore(f"{gs_prefix}/gcs/victim_abc"), settings, run_id="victim")
-    assert isinstance(victim, Lease)
-    time.sleep(0.6)  # its heartbeat is stale (no heartbeat thread started): another process takes over
-    thief = acquire(GCSStatusStore(f"{gs_prefix}/gcs/victim_abc"), settings, run_id="thief")
-    assert isinstance(thief, Lease) and thief.took_over is not None
-    with pytest.raises(LeaseLostError):
-        victim.finish(Status.SUCCESS)
-    now = read_status(f"{gs_prefix}/gcs/victim_abc")
-    assert now.status is Status.RUNNING and now.run_id == "thief"  # the robbed holder wrote nothing
-    thief.finish(Status.SUCCESS)
-    assert read_status(f"{gs_prefix}/gcs/victim_abc").status is Status.SUCCESS
+    stale_writer_refused_and_robbed_holder_cannot_succeed(gs_prefix, GCSStatusStore)
 
 
 def test_the_llm_pipeline_runs_on_gs_and_the_checkpoint_sensor_lists_checkpoints_there(gs_prefix):
