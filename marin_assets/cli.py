@@ -1,7 +1,8 @@
-"""`marin-assets`: what Dagster does not do — plan a selection, show where outputs are.
+"""`marin-assets`: what Dagster does not do — plan a selection, show where outputs are, collect garbage.
 
     marin-assets plan --select '*hello/report' [--json] [-f definitions.py | -m module]
     marin-assets status --select '*'
+    marin-assets gc [--older-than 7d] [--also module.or/file.py ...] [--json] [--delete]
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from typing import Any
 import dagster as dg
 from dotenv import dotenv_values
 
+from marin_assets.core.gc import Deletion, StepFamily, delete_garbage, find_garbage, parse_duration
 from marin_assets.core.plan import plan
 from marin_assets.core.status import read_status
 from marin_assets.core.step import Step, walk
-from marin_assets.dagster.assets import STORAGE_KEY, storage_settings
+from marin_assets.dagster.assets import STORAGE_KEY, Partitioned, storage_settings
 from marin_assets.dagster.definitions import steps_of
 from marin_assets.dagster.drift import previous_materializations
 from resources.storage import StorageResource
@@ -112,6 +114,132 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def family_of(name: str, step_for: Any) -> StepFamily:
+    """A family whose members are `{name}/{key}` or, for checkpoints, `{name}/step-{key}`."""
+    def step_named(member: str) -> Step | None:
+        rest = member[len(name) + 1:]
+        for key in dict.fromkeys((rest, rest.removeprefix("step-"))):
+            try:
+                step = step_for(key)
+            except Exception:  # not a key of this family
+                continue
+            if isinstance(step, Step) and step.name == member:
+                return step
+        return None
+
+    return StepFamily(name, step_named)
+
+
+def references_in(defs: dg.Definitions) -> tuple[list[Step], list[StepFamily]]:
+    """The steps of a code location and its partitioned step families (per-checkpoint evaluations)."""
+    families = []
+    for assets_def in defs.resolve_asset_graph().assets_defs:
+        family = getattr(getattr(assets_def.node_def, "compute_fn", None), "marin_partitioned", None)
+        if isinstance(family, Partitioned):
+            families.append(family_of(family.name, family.step_for))
+    return list(steps_of(defs).values()), families
+
+
+def load_also(target: str) -> tuple[list[Step], list[StepFamily]]:
+    """Steps and families in a module or file given to `--also`: its `Definitions`, `Step`s, per-checkpoint
+    evaluation families, and lists or dicts of them."""
+    try:
+        if target.endswith(".py") or os.sep in target:
+            path = os.path.abspath(target)
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"no file {path}")
+            spec = importlib.util.spec_from_file_location(f"_marin_also_{abs(hash(path))}", path)
+            assert spec and spec.loader
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(target)
+    except (ImportError, FileNotFoundError) as e:
+        raise SystemExit(f"marin-assets gc: --also {target}: cannot load it ({type(e).__name__}: {e})") from None
+    steps: list[Step] = []
+    families: list[StepFamily] = []
+    values: list[Any] = []
+    for value in vars(mod).values():
+        values.extend(value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple))
+                      else [value])
+    for value in values:
+        if isinstance(value, dg.Definitions):
+            more, fams = references_in(value)
+            steps += more
+            families += fams
+        elif isinstance(value, Step):
+            steps.append(value)
+        elif isinstance(getattr(value, "train", None), Step) and callable(getattr(value, "step", None)) \
+                and isinstance(getattr(value, "name", None), str):  # a per-checkpoint evaluation family
+            families.append(family_of(value.name, lambda key, f=value: f.step(int(key))))
+    if not steps and not families:
+        raise SystemExit(f"marin-assets gc: --also {target}: no steps, step families or dagster.Definitions in it")
+    return steps, families
+
+
+def human_bytes(n: float) -> str:
+    """`1.5 KiB`, `3.0 GiB`."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"  # unreachable
+
+
+def human_age(seconds: float) -> str:
+    """`3d`, `5h`, `12m`, `40s`."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """List outputs no definition references (and old partial ones); with --delete, delete them safely."""
+    try:
+        older_than = parse_duration(args.older_than)
+    except ValueError as e:
+        raise SystemExit(f"marin-assets gc: --older-than: {e}") from None
+    defs = load_definitions(args.file, args.module)
+    steps, families = references_in(defs)
+    for target in args.also or ():
+        more, fams = load_also(target)
+        steps += more
+        families += fams
+    prefix, settings = storage_settings(storage_of(defs))
+    report = find_garbage(args.prefix or prefix, steps, families=families, older_than_s=older_than,
+                          settings=settings)
+    deletions: list[Deletion] = []
+    if args.delete:
+        def progress(d: Deletion) -> None:
+            if not args.json:
+                print(f"{'deleted' if d.deleted else 'kept   '}  {d.relative}"
+                      + ("" if d.deleted else f"  ({d.reason})"), flush=True)
+
+        deletions = list(delete_garbage(report, settings, on_done=progress))
+    if args.json:
+        out = report.to_dict()
+        if args.delete:
+            out["deletions"] = [d.to_dict() for d in deletions]
+            out["deleted"] = {"outputs": sum(d.deleted for d in deletions),
+                              "bytes": sum(d.freed_bytes for d in deletions)}
+        print(json.dumps(out, indent=2))
+        return 0
+    doomed = report.to_delete
+    print(f"prefix {report.prefix}: {len(report.entries)} outputs to report ({report.scanned_files} files scanned)")
+    width = max((len(e.relative) for e in report.entries), default=10)
+    for entry in report.entries:
+        print(f"{entry.action:<6}  {str(entry.status):<7}  {human_bytes(entry.size_bytes):>10}"
+              f"  {human_age(entry.age_s):>4}  {entry.relative:<{width}}  {entry.reason}")
+    total = human_bytes(sum(e.size_bytes for e in doomed))
+    if not args.delete:
+        print(f"{len(doomed)} to delete ({total}); nothing deleted: run again with --delete to delete them")
+    else:
+        freed = human_bytes(sum(d.freed_bytes for d in deletions))
+        print(f"deleted {sum(d.deleted for d in deletions)} of {len(doomed)} ({freed})")
+    return 0
+
+
 def load_dotenv_like_dagster() -> None:
     """Read ./.env as Dagster's CLI does, so both find the same DAGSTER_HOME."""
     if os.path.exists(".env"):
@@ -132,6 +260,18 @@ def main(argv: list[str] | None = None) -> int:
         where.add_argument("-f", "--file", help="definitions file (default ./definitions.py)")
         where.add_argument("-m", "--module", help="module holding the Definitions")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("gc", help="outputs no definition references, and old partial ones; --delete deletes them")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-f", "--file", help="definitions file (default ./definitions.py)")
+    where.add_argument("-m", "--module", help="module holding the Definitions")
+    p.add_argument("--also", action="append", metavar="MODULE_OR_FILE",
+                   help="more definitions whose outputs are kept (a module or a .py file; repeatable)")
+    p.add_argument("--older-than", default="7d",
+                   help="partial outputs (FAILED, stale RUNNING, no status) go only when older than this (default 7d)")
+    p.add_argument("--prefix", help="storage prefix to collect (default: the definitions' storage resource)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--delete", action="store_true", help="delete what is listed as `delete` (default: only list)")
+    p.set_defaults(fn=cmd_gc)
     args = parser.parse_args(argv)
     return args.fn(args)
 

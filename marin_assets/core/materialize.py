@@ -17,6 +17,7 @@ from typing import Any
 import fsspec
 
 from marin_assets.core.decision import Action, decide, decide_output, dependency_problem
+from marin_assets.core.gc import GC_RUN_ID
 from marin_assets.core.identity import canonical
 from marin_assets.core.lease import Cached, Lease, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.paths import normalize_prefix, storage_prefix, using_prefix
@@ -114,12 +115,14 @@ def materialize_step(
                            duration_s=time.monotonic() - started, waited_s=lease.waited_s)
     took_over = lease.reason if lease.took_over is not None else None
     replaces_success = lease.took_over is not None and lease.took_over.status is Status.SUCCESS
+    # an interrupted `marin-assets gc` deletion (core/gc.py) left a half-deleted folder: never resume on it
+    half_deleted = lease.took_over is not None and lease.took_over.run_id == GC_RUN_ID
     if took_over:
         log.info(f"{step.name}: taking over {out} ({took_over})")
 
     # 4. Compute, record, then SUCCESS — or FAILED; a lost lease commits nothing.
     record = compute_and_commit(step, out, prefix, lease, run_fn, run_id, log,
-                                clear_first=replaces_success and step.override_output_path is None)
+                                clear_first=(replaces_success or half_deleted) and step.override_output_path is None)
     return StepOutcome(step, out, record, cached=False, duration_s=time.monotonic() - started,
                        waited_s=lease.waited_s, took_over=took_over)
 
