@@ -35,23 +35,12 @@ from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.tokenize import TokenizedCache, TokenizerMismatchError, tokenize_step
 from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.train import TrainResult, train_step
+from tests.support.helpers import output_files
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
 
 TOKEN = "hf_uploadSecretQz7Wx3Lk9Vb2Nm4Rt6"
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
 BRIEF = TrainerSpec(num_train_steps=2, train_batch_size=2, checkpoint_every=100, steps_per_eval=100, max_eval_batches=1)
-
-
-def output_files(folder) -> dict[str, bytes]:
-    """Every file of a folder that is output (no hidden bookkeeping such as .artifact.json), by relative path."""
-    found = {}
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in names:
-            if not name.startswith("."):
-                path = os.path.join(root, name)
-                found[os.path.relpath(path, folder)] = Path(path).read_bytes()
-    return found
 
 
 @pytest.fixture(scope="module")

@@ -20,18 +20,7 @@ from marin_assets.pipeline.pretokenized import pretokenized_step
 from marin_assets.pipeline.tokenize import TokenizedCache, TokenizeStep, tokenize_step
 from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.train import train_step
-
-
-def output_files(folder) -> dict[str, bytes]:
-    """Every file of a folder that is output (no hidden bookkeeping such as .artifact.json), by relative path."""
-    found = {}
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in names:
-            if not name.startswith("."):
-                path = os.path.join(root, name)
-                found[os.path.relpath(path, folder)] = Path(path).read_bytes()
-    return found
+from tests.support.helpers import output_files
 
 
 @pytest.fixture(scope="module")

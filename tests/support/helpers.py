@@ -51,3 +51,15 @@ def run_cli(*args, env, cwd=ROOT, check=True) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+def output_files(folder) -> dict[str, bytes]:
+    """Every file of a folder that is output (no hidden bookkeeping such as .artifact.json), by relative path."""
+    found = {}
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in names:
+            if not name.startswith("."):
+                path = os.path.join(root, name)
+                found[os.path.relpath(path, folder)] = Path(path).read_bytes()
+    return found

@@ -14,11 +14,12 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from tests.support.servers import serve_http
 
 MOTO_SERVER = Path(sys.executable).parent / "moto_server"
 
@@ -106,10 +107,5 @@ def header_dropping_proxy(upstream: str, drop: tuple[str, ...]):
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(server) as url:
+        yield url

@@ -31,7 +31,13 @@ class ThrottledHandler(QuietHandler):
 def serve_directory(directory, throttled: bool = False):
     """http://127.0.0.1:PORT serving `directory` (with index pages, so globs work)."""
     handler = functools.partial(ThrottledHandler if throttled else QuietHandler, directory=str(directory))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    with serve_http(http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_http(server: http.server.HTTPServer):
+    """Run `server` (bound to 127.0.0.1) in a daemon thread; yields its http://127.0.0.1:PORT URL."""
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
