@@ -4,7 +4,8 @@ Imported only inside step functions (on Ray workers): defining experiments never
 Levanter or JAX.
 - No hub: the model's `reference_checkpoint` is a local folder holding a transformers
   config we write, and GPT-2's converter (hardwired to the hub's "gpt2") is overridden.
-- No W&B: the JSON logger tracker, written to a JSONL file we parse for curves.
+- The JSON logger tracker, written to a JSONL file we parse for curves; W&B and TensorBoard beside it
+  only when a run's `Tracking` asks.
 - No accelerator required; no Ray started by Levanter; no JAX distributed on one host.
 - A model's vocabulary is its own (the tokenizer's largest id + 1, rounded up), not
   `len(tokenizer)`: Levanter sizes the embedding with `len(config.data.the_tokenizer)` and
@@ -30,6 +31,7 @@ from typing import Any
 
 from marin_assets.pipeline.specs import MIXTURE_BLOCK_SIZE, ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.tokenizer import largest_token_id
+from marin_assets.pipeline.tracking import Tracking
 
 NO_TOKEN = "<|marin:no-token-{}|>"
 """The name `model_vocab_view` gives, in `get_vocab()`, to an id the tokenizer has no token for."""
@@ -239,27 +241,102 @@ def cache_format(cache_dir: str):
                                mask_user_turns=True)
 
 
+class _StartOnce:
+    """A tracker config whose `init` starts its tracker once: Levanter calls `init` twice per run (its global
+    tracker in `TrainerConfig.initialize`, then the `Trainer`'s), which would make W&B start a second run
+    folder and TensorBoard a second writer of the same event file."""
+
+    def init(self, run_id):
+        if getattr(self, "_marin_tracker", None) is None:
+            self._marin_tracker = super().init(run_id)
+        return self._marin_tracker
+
+
+@functools.cache
+def _wandb_class():
+    from levanter.tracker import TrackerConfig
+    from levanter.tracker.wandb import WandbConfig
+
+    if "wandb_local" in TrackerConfig.get_known_choices():
+        return TrackerConfig.get_choice_class("wandb_local")
+
+    @TrackerConfig.register_subclass("wandb_local")
+    @dataclass
+    class LocalDirWandbConfig(_StartOnce, WandbConfig):
+        """Levanter's W&B tracker writing its run files under `{dir}/wandb` (`dir`: W&B's `root_dir`); once started, its
+        `run_url` (None offline) and `run_dir` (the run's local folder) say where the run went."""
+
+        dir: str = ""
+
+        def _git_settings(self):
+            return {**super()._git_settings(), "root_dir": self.dir}
+
+        def init(self, run_id):
+            os.makedirs(self.dir, exist_ok=True)
+            tracker = super().init(run_id)
+            self.run_url = None if tracker.run.offline else tracker.run.url
+            self.run_dir = os.path.dirname(tracker.run.dir)  # `.../offline-run-…-ID/files` → its run folder
+            return tracker
+
+    return LocalDirWandbConfig
+
+
+@functools.cache
+def _tensorboard_class():
+    from levanter.tracker import TrackerConfig
+    from levanter.tracker.tensorboard import TensorboardConfig
+
+    if "tensorboard_once" in TrackerConfig.get_known_choices():
+        return TrackerConfig.get_choice_class("tensorboard_once")
+
+    @TrackerConfig.register_subclass("tensorboard_once")
+    @dataclass
+    class OneWriterTensorboardConfig(_StartOnce, TensorboardConfig):
+        """Levanter's TensorBoard tracker with one event-file writer per run."""
+
+    return OneWriterTensorboardConfig
+
+
+def tracker_configs(tracking: Tracking | None, run_id: str, output_dir: str, metrics_logger: str) -> list:
+    """Levanter's tracker configs: the JSON logger (the source of our curves) first, then W&B (run files
+    under `{output_dir}/wandb`) and TensorBoard (`{output_dir}/tensorboard/{run_id}`) as `tracking` asks."""
+    from levanter.tracker.json_logger import JsonLoggerConfig
+
+    from marin_assets.pipeline.tracking import TENSORBOARD_DIR
+
+    configs: list = [JsonLoggerConfig(logger_name=metrics_logger)]
+    if tracking is not None and tracking.wandb:
+        configs.append(_wandb_class()(project=tracking.wandb_project, entity=tracking.wandb_entity,
+                                      tags=list(tracking.wandb_tags), id=run_id, save_code=False,
+                                      dir=output_dir))  # W&B writes under `{dir}/wandb`
+    if tracking is not None and tracking.tensorboard:
+        configs.append(_tensorboard_class()(logdir=os.path.join(output_dir, TENSORBOARD_DIR), flush_secs=10))
+    return configs
+
+
 def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_logger: str,
-                   checkpoint_dir: str | None = None, require_accelerator: bool = False):
+                   checkpoint_dir: str | None = None, require_accelerator: bool = False,
+                   tracking: Tracking | None = None):
     """Levanter's trainer config for a `TrainerSpec`: offline, JSON metrics, checkpoints under `checkpoint_root`.
 
-    `trainer.num_train_steps` is the run's length (a `TokenBudget` has already been applied to it).
+    `trainer.num_train_steps` is the run's length (a `TokenBudget` has already been applied to it);
+    `tracking`: W&B and TensorBoard beside the JSON metrics (`tracker_configs`).
     """
     import jmp
     from levanter.callbacks.watch import WatchConfig
     from levanter.checkpoint import CheckpointerConfig
     from levanter.distributed import DistributedConfig, RayConfig
-    from levanter.tracker.json_logger import JsonLoggerConfig
     from levanter.trainer import TrainerConfig
 
     # Policies apply in turn: every K steps until the one before last, then every step — which
     # leaves only the last. Levanter alone never forces a checkpoint of the final step.
+    trackers = tracker_configs(tracking, run_id, output_dir, metrics_logger)
     last = trainer.num_train_steps - 1
     keep = [dict(every=trainer.checkpoint_every, until=last - 1), dict(every=1, until=None)]
     keep = keep if last >= 1 else [dict(every=1, until=None)]
     return TrainerConfig(
         id=run_id, seed=trainer.seed, mp=jmp.get_policy(trainer.mixed_precision),
-        tracker=JsonLoggerConfig(logger_name=metrics_logger),
+        tracker=trackers[0] if len(trackers) == 1 else tuple(trackers),
         log_dir=Path(output_dir) / "logs",
         train_batch_size=trainer.train_batch_size, num_train_steps=trainer.num_train_steps,
         steps_per_eval=trainer.steps_per_eval, max_eval_batches=trainer.max_eval_batches,

@@ -46,6 +46,7 @@ from marin_assets.pipeline.specs import (
     mixture_block_size,
 )
 from marin_assets.pipeline.tokenize import TokenizedCache, TokenizeStep, tokenizer_fingerprint
+from marin_assets.pipeline.tracking import TENSORBOARD_DIR, WANDB_DIR, Tracking, TrackingResult
 
 METRICS_FILE = "metrics.jsonl"
 Weights = Mapping[str, float] | Sequence[tuple[int, Mapping[str, float]]]
@@ -96,6 +97,8 @@ class TrainResult:
     """Bits per byte over the validation sets at the last evaluation, as Levanter logged it."""
     cost: RunCost | None = None
     """Parameters, FLOPs, tokens/s, MFU and device-hours (None in records made before it was recorded)."""
+    tracking: TrackingResult | None = None
+    """Where W&B and TensorBoard logged the run (None: only the JSON metrics file)."""
 
     def model_and_tokenizer(self) -> tuple[ModelSpec, str]:
         """The model spec and tokenizer folder, or an error saying the record predates them."""
@@ -283,12 +286,14 @@ def training_data_config(tokenizer_path: str, caches: dict[str, str], weights: W
 
 def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weights: Weights,
              model: ModelSpec, optimizer: OptimizerSpec, trainer: TrainerSpec, budget: TokenBudget | None = None,
-             init: InitWeights | None = None, platform: str | None = None) -> TrainResult:
+             init: InitWeights | None = None, platform: str | None = None, *,
+             tracking: Tracking | None = None) -> TrainResult:
     """Train a language model with Levanter on a mixture of Levanter caches (resumes if interrupted).
 
     `weights`: constant or staged; `budget`: stop after N tokens and/or read only the first N tokens of
     a component; `init`: the weights to start from (random when None); `platform`: the JAX platform to
-    train on (`cuda`, `tpu`; None: whatever JAX picks under `JAX_PLATFORMS`).
+    train on (`cuda`, `tpu`; None: whatever JAX picks under `JAX_PLATFORMS`); `tracking`: W&B and/or
+    TensorBoard beside the JSON metrics (files under the output's `wandb/` and `tensorboard/`).
     """
     from marin_assets.pipeline.levanter_configs import use_platform
 
@@ -338,7 +343,7 @@ def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weig
             data=data,
             model=model_config(model, reference, tokenizer_path),
             trainer=trainer_config(trainer, run_id, local, logger_name, join_path(output_path, "checkpoints"),
-                                   require_accelerator=platform not in (None, "cpu")),
+                                   require_accelerator=platform not in (None, "cpu"), tracking=tracking),
             optimizer=optimizer_config(optimizer),
             initialize_from_hf=start_from,
             hf_save_path=join_path(output_path, "hf"),
@@ -353,11 +358,28 @@ def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weig
             fs, path = fsspec.core.url_to_fs(output_path)
             fs.put(metrics_file, f"{path}/{METRICS_FILE}")
             fs.put(os.path.join(local, "reference"), f"{path}/reference", recursive=True)
+            for folder in (WANDB_DIR, TENSORBOARD_DIR):
+                if os.path.isdir(os.path.join(local, folder)):
+                    fs.put(os.path.join(local, folder), f"{path}/{folder}", recursive=True)
         seconds = training_seconds(output_path, time.monotonic() - started if ran else None)
         result = summarize(output_path, run_id, trainer, seconds, metrics_file, model, vocab)
         return replace(result, model=model, tokenizer=tokenizer_path, vocab_size=vocab,
                        train_tokens=trainer.num_train_steps * trainer.batch_tokens(model),
-                       initialized_from=init.path if init is not None else None)
+                       initialized_from=init.path if init is not None else None,
+                       tracking=tracking_result(tracking, config.trainer.tracker, output_path, local))
+
+
+def tracking_result(tracking: Tracking | None, trackers: Any, output_path: str, local: str) -> TrackingResult | None:
+    """Where the run's trackers wrote, as paths under the output (`local`: where they wrote, before a copy to
+    a remote output); None without `tracking`."""
+    if tracking is None or not (tracking.wandb or tracking.tensorboard):
+        return None
+    started = [t for t in (trackers if isinstance(trackers, tuple) else (trackers,)) if hasattr(t, "run_dir")]
+    url, run = (started[0].run_url, started[0].run_dir) if started else (None, None)  # None: it did not run
+    return TrackingResult(
+        wandb_url=url,
+        wandb_dir=join_path(output_path, os.path.relpath(run, local)) if run else None,
+        tensorboard_dir=join_path(output_path, TENSORBOARD_DIR) if tracking.tensorboard else None)
 
 
 ATTEMPTS_FILE = "train_attempts.json"
@@ -536,14 +558,16 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
                optimizer: OptimizerSpec = OptimizerSpec(), trainer: TrainerSpec = TrainerSpec(),
                weights: Weights | None = None, validation: dict[str, Step] | None = None,
                cpu: float = 1, tpu_type: str | None = None, *, init_from: InitFrom | None = None,
-               budget: TokenBudget | None = None, gpu: float = 0, gpu_type: str | None = None) -> TrainStep:
+               budget: TokenBudget | None = None, gpu: float = 0, gpu_type: str | None = None,
+               tracking: Tracking | None = None) -> TrainStep:
     """A training step on a mixture: `train` components (default weight 1), `validation` ones weight 0.
 
     `weights` are constant or staged — (start step, weights) pairs, the first at step 0; a component a
     stage leaves out has weight 0 then. `init_from` (`from_hf`, `from_checkpoint`) starts from other
     weights; `budget` limits tokens; `gpu=N` trains on N CUDA GPUs. Mixing caches of different tokenizers
     is an error here when the caches are `TokenizeStep`s (which know their tokenizer step), and when the
-    run starts otherwise (their fingerprints), as is data that cannot fill one batch."""
+    run starts otherwise (their fingerprints), as is data that cannot fill one batch. `tracking` (W&B,
+    TensorBoard) is how the run is watched, not part of its identity."""
     components = {**train, **(validation or {})}
     stages = as_stages(weights if weights is not None else {k: 1.0 for k in train})
     for _, stage in stages:
@@ -595,7 +619,7 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
                         f" (fingerprint {theirs}), but this run's data was tokenized with {first.tokenizer}"
                         f" (fingerprint {first.tokenizer_fingerprint})")
         return train_lm(out, first.tokenizer, {k: r.path for k, r in results.items()}, stages, model, optimizer,
-                        trainer, budget, init, platform)
+                        trainer, budget, init, platform, tracking=tracking)
 
     hash_attrs: dict[str, Any] = {
         "weights": canonical(stages[0][1]) if len(stages) == 1 else [[s, canonical(w)] for s, w in stages],
