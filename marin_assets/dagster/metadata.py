@@ -5,7 +5,8 @@ provenance. From the step's result, by shape, with no per-step code: numbers and
 (nested ones as `result.a.b`) become metadata values Dagster can plot across runs; a mapping
 of names to mappings of numbers (per-split statistics, per-set losses) becomes a table; a
 list of records (downloaded files) becomes a table; a `*_curve` list of `[step, value]`
-pairs becomes a line plot and a table.
+pairs becomes a line plot and a table; a plot of several series (a title, `log_x` and `series`) an
+inline plot of them.
 
 Building it never fails: the step's output has already succeeded, and a result that cannot be
 shown must not fail this run and every later one (a cache hit shows the same result). Any JSON
@@ -28,7 +29,13 @@ import dagster as dg
 
 from marin_assets.core.materialize import StepOutcome
 from marin_assets.core.record import RECORD_FILE
-from marin_assets.dagster.plots import downsample, finite_points, line_plot_markdown
+from marin_assets.dagster.plots import (
+    downsample,
+    finite_points,
+    is_series_plot,
+    line_plot_markdown,
+    series_plot_markdown,
+)
 
 MAX_TABLE_ROWS = 200
 MAX_TABLE_COLUMNS = 50
@@ -147,6 +154,8 @@ def _entries(label: str, key: Any, value: Any, depth: int, room: int) -> dict[st
         return json_entries(label, value)  # empty: shown, so that the key is seen
     if str(key).endswith("curve") and _is_pairs(value):
         return _curve_entries(label, str(key), value)
+    if is_series_plot(value):  # several series on one plot (an experiment summary's)
+        return {label: dg.MetadataValue.md(series_plot_markdown(value))}
     if isinstance(value, Mapping) and all(isinstance(v, Mapping) for v in value.values()):
         return table_entries(label, ({"name": name, **row} for name, row in value.items()), len(value))
     if isinstance(value, list) and all(isinstance(v, Mapping) for v in value):
