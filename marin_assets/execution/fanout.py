@@ -13,15 +13,17 @@ fanning out at once, or a lost node. Here the calling process is always one of t
   live holder is working on; a task that never started loses its item to the caller and is
   cancelled (`ray.cancel`), so a Ray with no free CPU just means the caller does everything;
 - a task that died (worker crash, node lost) leaves a RUNNING claim whose heartbeat stops: the
-  caller takes it over once it is stale (`LeaseSettings.stale_timeout`) and runs the item itself.
-  This is safe because `fn` must be resumable (e.g. `tokenize_file` continues from its ledger);
+  caller takes it over and runs the item itself as soon as its holder is known dead (a claim made
+  on a Ray worker names its node: that node is no longer alive, or the holder was a worker of the
+  caller's own node that has exited), else once it is stale (`LeaseSettings.stale_timeout`), logging what it waits
+  for. This is safe because `fn` must be resumable (e.g. `tokenize_file` continues from its ledger);
 - before anything is submitted, a per-task request no alive node could ever satisfy fails at once
   (`InfeasibleRequestError`, naming the request and what every node offers).
 
 A SUCCESS claim written by *this* fan-out means done; one left by an earlier fan-out is not
 trusted for a result, so `fn` is called again (cheap for a resumable `fn` whose work is done).
 A live RUNNING claim of an earlier fan-out (a task of a crashed run still writing) is waited for,
-never run over: after a crash a new fan-out may wait up to the stale timeout for those items.
+never run over; one whose node or process is gone (the run before lost a node) is taken over at once.
 Errors in `fn` keep their type and get a note naming the item; the remaining tasks are cancelled
 (the caller's own item in progress is finished first). Without a running Ray, or with
 `workers <= 1`, it is a plain loop in process: no claims, no threads, no Ray import (this module
@@ -35,6 +37,8 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
+import os
+import socket
 import sys
 import threading
 import time
@@ -57,6 +61,7 @@ ONE_CPU = RayRequest(num_cpus=1)
 """The default request of one item's task."""
 
 _DONE, _HELD = "done", "held"
+_WAIT_LOG_EVERY_S = 30.0
 
 
 def fan_out(items: Sequence[T], fn: Callable[[T], R], *, claim_path_of: Callable[[T], str], workers: int,
@@ -116,12 +121,14 @@ def check_fan_out_feasible(name: str, request: RayRequest, nodes: list[dict[str,
 
 # --- claims ------------------------------------------------------------------------------------
 
-def _try_claim(path: str, settings: LeaseSettings, run_id: str, *, success_is_done: bool) -> Lease | str:
+def _try_claim(path: str, settings: LeaseSettings, run_id: str, *, success_is_done: bool,
+               gone: Callable[[str], str | None] = lambda holder: None) -> Lease | str:
     """Take the claim on one item (a `Lease`), or say why not: `_DONE` or `_HELD`.
 
-    Free to take: nothing there, FAILED, a stale RUNNING (its holder died), or a SUCCESS that does
-    not count as done (another fan-out's, or ours when `success_is_done` is False). A lost race
-    counts as held.
+    Free to take: nothing there, FAILED, a stale RUNNING (its holder died), a RUNNING whose holder
+    `gone` says is dead (its Ray node is gone, its worker on our node exited: no need to wait out
+    the stale timeout), or a SUCCESS that does not count as done (another fan-out's, or ours when
+    `success_is_done` is False). A lost race counts as held.
     """
     store = status_store(path)
     current, version = store.read()
@@ -129,16 +136,74 @@ def _try_claim(path: str, settings: LeaseSettings, run_id: str, *, success_is_do
         current.run_id != run_id or not success_is_done)
     decision = decide(current, settings.stale_timeout,
                       recompute="not done by this fan-out" if foreign_success else None)
+    reason = decision.reason
     if decision.action is Action.REUSE:
         return _DONE
     if decision.action is Action.WAIT:
-        return _HELD
-    mine = StatusRecord(Status.RUNNING, holder=new_holder_id(), token=uuid.uuid4().hex, heartbeat=time.time(),
+        why = gone(current.holder) if current is not None else None
+        if why is None:
+            return _HELD
+        reason = f"stale RUNNING by {current.holder if current else '?'}: {why}"
+    mine = StatusRecord(Status.RUNNING, holder=_holder_id(), token=uuid.uuid4().hex, heartbeat=time.time(),
                         run_id=run_id)
     new_version = store.write_if(version, mine)
     if new_version is None:
         return _HELD
-    return Lease(store, mine, new_version, settings, took_over=current, waited_s=0.0, reason=decision.reason)
+    return Lease(store, mine, new_version, settings, took_over=current, waited_s=0.0, reason=reason)
+
+
+_NODE_TAG = "@ray-node:"
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _holder_id() -> str:
+    """`host:pid:id`, plus `@ray-node:<id>` on a Ray worker, so a later fan-out can tell that the node
+    holding a claim is gone instead of waiting out its stale timeout."""
+    holder = new_holder_id()
+    ray = _running_ray()
+    if ray is not None:
+        with contextlib.suppress(Exception):
+            return f"{holder}{_NODE_TAG}{ray.get_runtime_context().get_node_id()}"
+    return holder
+
+
+class _GoneHolders:
+    """Says when a claim's holder is certainly dead: its Ray node is no longer alive, or it was a worker
+    of this process's own Ray node (same host, same process namespace) that has exited. Claims made
+    outside Ray only go stale. Ray's node list is read at most once per `every` seconds."""
+
+    def __init__(self, ray: Any, every: float):
+        self.ray, self.every = ray, every
+        self.alive: set[str] = set()
+        self.read_at = -float("inf")
+        self.own_node = ""
+        with contextlib.suppress(Exception):
+            self.own_node = ray.get_runtime_context().get_node_id()
+
+    def __call__(self, holder: str) -> str | None:
+        base, _, node = holder.partition(_NODE_TAG)
+        if not node:
+            return None
+        if time.monotonic() - self.read_at > self.every:
+            with contextlib.suppress(Exception):
+                self.alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
+                self.read_at = time.monotonic()
+        if self.alive and node not in self.alive:
+            return f"its Ray node {node[:12]} is dead"
+        host, _, rest = base.partition(":")
+        pid = rest.partition(":")[0]
+        if node == self.own_node and host == socket.gethostname() and pid.isdigit() and not _pid_exists(int(pid)):
+            return f"its process {pid} on this Ray node has exited"
+        return None
 
 
 def _run_claimed(fn: Callable[[Any], Any], item: Any, lease: Lease) -> Any:
@@ -203,6 +268,8 @@ class _FanOut(Generic[T, R]):
         """The first error of a task, raised once this process's own item (if any) is finished."""
         self.pump_s = min(1.0, settings.poll_interval)
         self.by_tasks = self.here = self.task_deaths = 0
+        self.gone = _GoneHolders(ray, every=self.pump_s)
+        self.waiting_logged_at = -float("inf")
 
     def run(self) -> list[R]:
         n = len(self.items)
@@ -251,7 +318,8 @@ class _FanOut(Generic[T, R]):
 
     def _try_here(self, index: int) -> None:
         # Ours and SUCCESS counts as done only while its task may still deliver the result.
-        claim = _try_claim(self.paths[index], self.settings, self.run_id, success_is_done=index in self.task_of)
+        claim = _try_claim(self.paths[index], self.settings, self.run_id, success_is_done=index in self.task_of,
+                           gone=self.gone)
         if not isinstance(claim, Lease):
             self.recheck_at[index] = time.monotonic() + self.settings.poll_interval
             return
@@ -301,6 +369,13 @@ class _FanOut(Generic[T, R]):
     def _wait(self) -> None:
         """Nothing to claim now: wait for a task's result or the next look at a held item (bounded)."""
         now = time.monotonic()
+        held = sorted(i for i in self.recheck_at if i not in self.results)
+        if held and now - self.waiting_logged_at >= _WAIT_LOG_EVERY_S:
+            self.waiting_logged_at = now
+            first = _describe(held[0], self.items[held[0]])
+            self.log.warning(f"{self.name}: waiting for {len(held)} items (first: {first})"
+                             " claimed by live holders (another run's tasks?); each is taken over once its holder"
+                             f" is gone or silent for {self.settings.stale_timeout:g}s")
         due = min(self.recheck_at.values(), default=now)
         timeout = min(max(due - now, 0.01), self.settings.poll_interval)
         if self.inflight:

@@ -1,0 +1,35 @@
+"""Materialize a tokenize step on a Ray cluster by address, as the Dagster asset body does (the
+`materialize_step` protocol with `ray_runner`), so a test can kill a node under it.
+
+argv: address prefix raw tokenizer workers cpu. Prints one JSON line: the outcome or the error.
+"""
+
+import json
+import logging
+import sys
+import time
+
+from marin_assets import Step, materialize_step
+from marin_assets.execution.ray_runner import ray_runner
+from marin_assets.pipeline.tokenize import tokenize_step
+from resources import RayResource
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+address, prefix, raw, tok, workers, cpu = sys.argv[1:7]
+dataset = Step(name="raw/two-node", fn=lambda out: None, override_output_path=raw)
+tokenizer = Step(name="tokenizers/two-node", fn=lambda out: None, override_output_path=tok)
+step = tokenize_step("tokenized/two-node", dataset, tokenizer, workers=int(workers), cpu=float(cpu))
+ray = RayResource(address=address)
+started = time.monotonic()
+try:
+    for dep in (dataset, tokenizer):
+        materialize_step(dep, prefix=prefix)
+    outcome = materialize_step(step, prefix=prefix, run_fn=ray_runner(ray, logging.getLogger("driver")))
+    result = outcome.record.result if outcome.record else None
+    print(json.dumps({"ok": True, "seconds": time.monotonic() - started, "result": result}), flush=True)
+except BaseException as e:  # reported to the test, which asserts on it
+    print(json.dumps({"ok": False, "seconds": time.monotonic() - started, "error": f"{type(e).__name__}: {e}"}),
+          flush=True)
+    sys.exit(1)
+finally:
+    ray.shutdown()

@@ -1,0 +1,167 @@
+"""Two Ray nodes on one machine (a head and a worker, each started with `ray start`), losing the worker.
+
+The head has 1 CPU, the worker 2 CPUs and a `worker-node` resource. A tokenize step fans its files out
+across both nodes; the worker node is killed mid-step; the step then finishes on the head alone (the
+claims held on the dead node are taken over at once, not after the stale timeout) and its cache is
+identical to one made without Ray. A request the surviving node cannot satisfy fails at once, naming
+the request and what the nodes offer. Steps are materialized by a separate driver process
+(`support/two_node_driver.py`), through `materialize_step` and `ray_runner` as the Dagster asset does.
+"""
+
+import contextlib
+import json
+import shutil
+import subprocess
+import time
+import uuid
+
+import numpy as np
+import psutil
+import pytest
+
+from marin_assets.core.status import Status, read_status
+from marin_assets.pipeline.tokenize import tokenize
+from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
+from tests.test_ray_cluster import free_port, kill_ray_processes_under
+from tests.test_tokenize import read_tokens
+
+DRIVER = ROOT / "tests" / "support" / "two_node_driver.py"
+
+
+def ray_start(*args: str, temp_dir: str) -> None:
+    env = subprocess_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    subprocess.run([BIN / "ray", "start", *args, "--node-ip-address=127.0.0.1", "--object-store-memory=100000000",
+                    f"--temp-dir={temp_dir}"], env=env, check=True, capture_output=True, timeout=120)
+
+
+def processes_under(marker: str) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if any(marker in a for a in p.info["cmdline"] or [])]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """(address, worker temp dir): a head (1 CPU) and a worker node (2 CPUs, `worker-node: 1`)."""
+    port, tag = free_port(), uuid.uuid4().hex[:6]
+    head_dir, worker_dir = f"/tmp/mrh-{tag}", f"/tmp/mrw-{tag}"  # short: Ray's socket paths have a length limit
+    try:
+        ray_start("--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false", temp_dir=head_dir)
+        ray_start(f"--address=127.0.0.1:{port}", "--num-cpus=2", '--resources={"worker-node": 1}',
+                  temp_dir=worker_dir)
+        yield f"127.0.0.1:{port}", worker_dir
+    finally:
+        kill_ray_processes_under(worker_dir)
+        kill_ray_processes_under(head_dir)
+        deadline = time.time() + 20
+        while (processes_under(head_dir) or processes_under(worker_dir)) and time.time() < deadline:
+            time.sleep(0.2)
+        shutil.rmtree(head_dir, ignore_errors=True)
+        shutil.rmtree(worker_dir, ignore_errors=True)
+    assert not processes_under(head_dir) and not processes_under(worker_dir)  # no Ray process is left
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("two-nodes")
+    raw, tok = corpus_and_tokenizer(root, train_documents=16000, validation_documents=200, seed=7, shards=8)
+    return root, raw, tok
+
+
+def driver(address, prefix, raw, tok, workers: int, cpu: float = 1) -> subprocess.Popen:
+    env = subprocess_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    return subprocess.Popen([BIN / "python", DRIVER, address, prefix, raw, tok, str(workers), str(cpu)], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def claimed_on(node_dir: str, prefix) -> bool:
+    """Whether a process of the node started under `node_dir` holds the claim of a file of the fan-out."""
+    pids = set(processes_under(node_dir))
+    for claim in prefix.glob("tokenized/*/.parts/train/*.claim"):
+        status = read_status(str(claim))
+        if status is not None and status.status is Status.RUNNING:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                holder = psutil.Process(int(status.holder.split(":")[1]))
+                if {holder.pid, *(p.pid for p in holder.parents())} & pids:  # a Ray worker of that node's raylet
+                    return True
+    return False
+
+
+def finish(proc: subprocess.Popen) -> tuple[dict, str]:
+    out, _ = proc.communicate(timeout=240)  # a bound against a hang, never a timing assertion
+    lines = [line for line in out.splitlines() if line.startswith('{"ok"')]
+    assert lines, out[-4000:]
+    return json.loads(lines[-1]), out
+
+
+def test_files_spread_over_both_nodes_then_losing_one_mid_step_still_finishes_identically(cluster, inputs):
+    address, worker_dir = cluster
+    root, raw, tok = inputs
+    reference = tokenize(str(root / "reference"), raw, tok)  # no Ray, one process
+    expected = read_tokens(str(root / "reference" / "train"), tok)
+
+    both, out = finish(driver(address, str(root / "both"), raw, tok, workers=3))
+    assert both["ok"], out[-4000:]
+    assert "by Ray tasks" in out and ", 0 by Ray tasks" not in out  # tasks did some files, not the step alone
+    assert both["result"]["splits"]["train"]["tokens"] == reference.splits["train"].tokens
+
+    proc = driver(address, str(root / "lost"), raw, tok, workers=3)
+    deadline = time.time() + 180
+    while not claimed_on(worker_dir, root / "lost") and time.time() < deadline:
+        time.sleep(0.1)
+    assert claimed_on(worker_dir, root / "lost")  # a task on the worker node is tokenizing a file
+    kill_ray_processes_under(worker_dir)  # the worker node dies: raylet, its workers, their tasks
+    lost, out = finish(proc)
+    assert lost["ok"], out[-4000:]  # finished on the head alone
+    takeovers = [line for line in out.splitlines() if "tokenize 8 files: taking over" in line]
+    # the dead node's claims are taken over once Ray reports the node dead, not after 90 s of silence
+    assert takeovers and all("is dead" in line for line in takeovers), out[-4000:]
+    print("\n".join(takeovers))
+    (cache,) = (root / "lost" / "tokenized").glob("two-node_*")
+    assert all(np.array_equal(a, b) for a, b in zip(expected, read_tokens(str(cache / "train"), tok), strict=True))
+    print(f"tokens/s: two nodes {both['result']['tokens_per_second']}, losing one mid-step"
+          f" {lost['result']['tokens_per_second']}")
+
+
+def test_with_the_worker_gone_the_step_holding_the_only_cpu_does_its_fan_out_itself(cluster, inputs):
+    """The hang of issue 18: the step holds the head's only CPU, its tasks could only run on the dead node."""
+    address, _ = cluster
+    root, raw, tok = inputs
+    alone, out = finish(driver(address, str(root / "alone"), raw, tok, workers=3))
+    assert alone["ok"], out[-4000:]
+    assert ", 0 by Ray tasks, 8 in this process" in out, out[-4000:]
+    print(f"tokens/s: one node {alone['result']['tokens_per_second']}")
+
+
+def test_after_the_loss_a_request_no_surviving_node_offers_fails_at_once_naming_it(cluster, inputs):
+    address, _ = cluster
+    root, raw, tok = inputs
+    failed, out = finish(driver(address, str(root / "too-big"), raw, tok, workers=3, cpu=2))
+    assert not failed["ok"]
+    assert "InfeasibleRequestError" in failed["error"] and "tokenized/two-node" in failed["error"]
+    assert "needs {CPU=2}" in failed["error"] and "Nodes offer: {CPU=1" in failed["error"], failed["error"]
+    assert "worker-node" not in failed["error"]  # the dead node is not offered
+
+
+def test_killing_the_materializing_process_stops_its_ray_task(cluster, inputs):
+    """The heartbeat stays honest: when the driver dies its lease goes silent, and Ray stops the work too."""
+    address, _ = cluster
+    root, raw, tok = inputs
+    proc = driver(address, str(root / "orphan"), raw, tok, workers=3)
+    deadline = time.time() + 120
+    while not (holders := running_holders(root / "orphan")) and time.time() < deadline:
+        time.sleep(0.1)
+    assert holders, proc.stdout.read()[-3000:] if proc.poll() is not None else "no claim within 120 s"
+    proc.kill()  # the materializing process dies without a word
+    proc.wait(30)
+    deadline = time.time() + 60
+    while any(psutil.pid_exists(pid) for pid in holders) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(psutil.pid_exists(pid) for pid in holders)  # the step's Ray task no longer writes
+
+
+def running_holders(prefix) -> set[int]:
+    found = set()
+    for claim in prefix.glob("tokenized/*/.parts/train/*.claim"):
+        status = read_status(str(claim))
+        if status is not None and status.status is Status.RUNNING:
+            found.add(int(status.holder.split(":")[1]))
+    return found
