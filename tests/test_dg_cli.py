@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env
+from tests.support.servers import free_port
 
 VENV_WARNING = "does not match the virtual environment"
 
@@ -110,11 +110,6 @@ def test_dg_launch_materializes_and_dagster_reuses_it(env):
     assert {k: (r["status"], r["cached"]) for k, r in second.items()} == dict.fromkeys(hello, ("SUCCESS", True))
     assert {k: r["output_path"] for k, r in second.items()} == {k: r["output_path"] for k, r in first.items()}
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def graphql(base: str, query: str) -> dict:

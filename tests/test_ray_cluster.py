@@ -20,6 +20,7 @@ import pytest
 
 from marin_assets.core.status import Status, read_status
 from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env
+from tests.support.servers import free_port
 
 DEFS = textwrap.dedent(
     """
@@ -43,11 +44,6 @@ DEFS = textwrap.dedent(
     """
 )
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kill_ray_processes_under(marker: str) -> None:

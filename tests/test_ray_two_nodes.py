@@ -22,7 +22,8 @@ import pytest
 from marin_assets.core.status import Status, read_status
 from marin_assets.pipeline.tokenize import tokenize
 from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
-from tests.test_ray_cluster import free_port, kill_ray_processes_under
+from tests.support.servers import free_port
+from tests.test_ray_cluster import kill_ray_processes_under
 from tests.test_tokenize import read_tokens
 
 DRIVER = ROOT / "tests" / "support" / "two_node_driver.py"

@@ -7,10 +7,7 @@ tests/artifacts/screenshots/ (the README's come from there).
 """
 
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -20,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ui_definitions as ui
-from tests.support.browser import ARGS, ensure_chromium
+from tests.support.browser import dagster_dev_page
 from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
 
 SHOTS = ROOT / "tests" / "artifacts" / "screenshots"
@@ -32,11 +29,6 @@ def materialize(env: dict, select: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(DEFINITIONS), "--select", select],
                           cwd=ROOT, env=env, capture_output=True, text=True)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class UI:
@@ -110,9 +102,6 @@ query Node($assetKey: AssetKeyInput!) {
 @pytest.fixture(scope="module")
 def ui_server(tmp_path_factory):
     """The tiny demo materialized by the CLI, then `dagster dev` serving it, and a browser."""
-    from playwright.sync_api import sync_playwright
-
-    chromium = ensure_chromium()
     tmp = tmp_path_factory.mktemp("ui")
     home = tmp / "home"
     home.mkdir()
@@ -123,33 +112,8 @@ def ui_server(tmp_path_factory):
     first = materialize(env, ui.SELECTION)
     assert first.returncode == 0, first.stderr[-3000:]
 
-    port = free_port()
-    log = open(tmp / "dagster-dev.log", "w")
-    server = subprocess.Popen([str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port),
-                               "-f", str(DEFINITIONS)],
-                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/server_info", timeout=2)
-            break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, (tmp / "dagster-dev.log").read_text()[-3000:]
-            time.sleep(0.5)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=ARGS)
-        page = browser.new_page(viewport={"width": 1800, "height": 1100})
-        page.set_default_timeout(60_000)
-        try:
-            yield UI(base, env, page, tmp)
-        finally:
-            browser.close()
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+    with dagster_dev_page(DEFINITIONS, env, tmp / "dagster-dev.log") as (base, page):
+        yield UI(base, env, page, tmp)
 
 
 def materialize_button(page):

@@ -2,17 +2,12 @@
 `dagster dev` serving them, Chromium (Playwright) opening the summary's asset page — the table, the inline
 plot of eval loss against learning rate, and the overlaid loss curves behind "[Show Markdown]" all render."""
 
-import os
 import re
-import signal
-import socket
 import subprocess
-import time
-import urllib.request
 
 import pytest
 
-from tests.support.browser import ARGS, ensure_chromium
+from tests.support.browser import dagster_dev_page
 from tests.support.helpers import BIN, ROOT, subprocess_env
 
 SHOTS = ROOT / "tests" / "artifacts" / "screenshots"
@@ -39,9 +34,6 @@ defs = build_definitions([experiment_summary_step("reports/ui-sweep", runs)])
 
 @pytest.fixture(scope="module")
 def summary_page(tmp_path_factory):
-    from playwright.sync_api import sync_playwright
-
-    chromium = ensure_chromium()
     tmp = tmp_path_factory.mktemp("ui-summary")
     (tmp / "home").mkdir()
     (tmp / "home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
@@ -51,40 +43,9 @@ def summary_page(tmp_path_factory):
     made = subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(definitions), "--select",
                            "*reports/ui-sweep"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert made.returncode == 0, made.stderr[-3000:]
-    port = free_port()
-    log = open(tmp / "dagster-dev.log", "w")
-    server = subprocess.Popen([str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port), "-f",
-                               str(definitions)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/server_info", timeout=2)
-            break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, (tmp / "dagster-dev.log").read_text()[-3000:]
-            time.sleep(0.5)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=ARGS)
-        page = browser.new_page(viewport={"width": 1800, "height": 1100})
-        page.set_default_timeout(60_000)
-        try:
-            page.goto(f"{base}/assets/reports/ui-sweep")
-            yield page
-        finally:
-            browser.close()
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with dagster_dev_page(definitions, env, tmp / "dagster-dev.log") as (base, page):
+        page.goto(f"{base}/assets/reports/ui-sweep")
+        yield page
 
 
 def test_the_summary_page_shows_its_table_and_plots(summary_page):

@@ -1,8 +1,13 @@
-"""Debian's Chromium for the browser tests, installed on first use, driven by Playwright."""
+"""Debian's Chromium for the browser tests, installed on first use, driven by Playwright, and the
+`dagster dev` it browses."""
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
+import time
+import urllib.request
 
 import pytest
 
@@ -27,3 +32,44 @@ def ensure_chromium() -> str:
                    stdout=subprocess.DEVNULL)
     assert os.path.exists(CHROMIUM), f"apt-get installed chromium but {CHROMIUM} is missing"
     return CHROMIUM
+
+
+@contextlib.contextmanager
+def dagster_dev_page(definitions, env: dict, log_path):
+    """`dagster dev` serving `definitions` on a free port (its own process group, stopped with escalation:
+    it ignores SIGTERM for long) and a Chromium page; yields (base URL, page)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.support.helpers import BIN, ROOT
+    from tests.support.servers import free_port
+
+    chromium = ensure_chromium()
+    port = free_port()
+    with open(log_path, "w") as log:
+        server = subprocess.Popen([str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port),
+                                   "-f", str(definitions)],
+                                  cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/server_info", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.time() < deadline, open(log_path).read()[-3000:]
+                time.sleep(0.5)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=ARGS)
+            page = browser.new_page(viewport={"width": 1800, "height": 1100})
+            page.set_default_timeout(60_000)
+            try:
+                yield base, page
+            finally:
+                browser.close()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)

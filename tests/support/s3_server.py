@@ -11,7 +11,6 @@ import contextlib
 import http.client
 import http.server
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.support.servers import serve_http
+from tests.support.servers import free_port, serve_http
 
 MOTO_SERVER = Path(sys.executable).parent / "moto_server"
 
@@ -29,12 +28,6 @@ def s3_env(url: str) -> dict[str, str]:
     return {"AWS_ENDPOINT_URL_S3": url, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
             "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 
-
-def free_port() -> int:
-    """A loopback port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

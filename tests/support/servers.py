@@ -3,6 +3,7 @@
 import contextlib
 import functools
 import http.server
+import socket
 import threading
 import time
 
@@ -45,3 +46,10 @@ def serve_http(server: http.server.HTTPServer):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
