@@ -11,6 +11,7 @@ an MFU against a measured peak as one against a datasheet.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -95,6 +96,13 @@ def measure_matmul_flops(dtype: str = "float32", size: int = 1024, repeats: int 
     return 2 * size**3 / best
 
 
+@functools.cache
+def _measured_peak(platform: str, kind: str, dtype: str, size: int) -> float:
+    """Measured once per process and device kind: every run a process trains is held to one peak, and the
+    measurement (up to a second) is not repeated per run."""
+    return measure_matmul_flops(dtype, size)
+
+
 def device_peak(dtype: str = "float32") -> DevicePeak:
     """The devices JAX trains on now and the peak of each at `dtype`: the datasheet number for a GPU or TPU
     that Levanter's table lists, else the measured matmul throughput of this device, said to be one."""
@@ -108,7 +116,7 @@ def device_peak(dtype: str = "float32") -> DevicePeak:
                           f"datasheet: Levanter flop_utils.device_hardware_flops({kind!r}, {dtype}) ="
                           f" {listed / 1e12:g} TFLOP/s per device (dense)")
     size = 1024 if device.platform == "cpu" else 8192
-    measured = measure_matmul_flops(dtype, size)
+    measured = _measured_peak(device.platform, kind, dtype, size)
     what = "CPU" if device.platform == "cpu" else f"{kind} (not in Levanter's datasheet table)"
     return DevicePeak(kind, count, measured, "measured",
                       f"{what}: no published peak; peak = measured {dtype} matmul throughput of this host"
