@@ -97,9 +97,7 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
         write_reference_config,
     )
 
-    is_hf = _exists(join_path(checkpoint, "config.json"))
-    if not is_hf and not _exists(join_path(checkpoint, "metadata.json")):
-        raise FileNotFoundError(f"no complete checkpoint or Hugging Face model at {checkpoint}")
+    is_hf = is_hf_model(checkpoint)
     run_id = f"eval-{output_path.rstrip('/').rsplit('/', 1)[-1]}"
     vocab = vocab_size or model_vocab_size(tokenizer_path, model.vocab_multiple)
     logger_name = f"marin.metrics.{run_id}"
@@ -134,6 +132,15 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
     with open_file(join_path(output_path, "results.json"), "w") as f:
         json.dump(result.__dict__, f, indent=2)
     return result
+
+
+def is_hf_model(checkpoint: str) -> bool:
+    """Whether `checkpoint` is a Hugging Face model folder (else a complete Levanter checkpoint);
+    `FileNotFoundError` when it is neither."""
+    is_hf = _exists(join_path(checkpoint, "config.json"))
+    if not is_hf and not _exists(join_path(checkpoint, "metadata.json")):
+        raise FileNotFoundError(f"no complete checkpoint or Hugging Face model at {checkpoint}")
+    return is_hf
 
 
 def _exists(url: str) -> bool:

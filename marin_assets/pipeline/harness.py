@@ -37,7 +37,7 @@ from marin_assets.core.identity import identity_hash
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
-from marin_assets.pipeline.evaluate import ExportResult, _exists, _step_of
+from marin_assets.pipeline.evaluate import ExportResult, _step_of, is_hf_model
 from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
 from marin_assets.pipeline.tokenizer import model_vocab_size
 from marin_assets.pipeline.train import TrainResult, TrainStep, platform_for
@@ -408,9 +408,7 @@ def harness_model(checkpoint: str, model: ModelSpec, tokenizer_path: str, vocab_
         write_reference_config,
     )
 
-    is_hf = _exists(join_path(checkpoint, "config.json"))
-    if not is_hf and not _exists(join_path(checkpoint, "metadata.json")):
-        raise FileNotFoundError(f"no complete checkpoint or Hugging Face model at {checkpoint}")
+    is_hf = is_hf_model(checkpoint)
     vocab = vocab_size or model_vocab_size(tokenizer_path, model.vocab_multiple)
     tokenizer = load_tokenizer(tokenizer_path)
     with tempfile.TemporaryDirectory(prefix="marin-harness-") as scratch:
