@@ -43,13 +43,16 @@ $(DAGSTER_HOME)/dagster.yaml: Makefile
 
 demo: install $(DAGSTER_HOME)/dagster.yaml
 	$(BIN)/dagster asset materialize -f definitions.py --select '*hello/report,*exports/python-docs-llama,*evals/python-docs-llama,*evals/python-docs-llama-harness'
+	@# One tick of the checkpoint sensor, without the daemon: every checkpoint's evaluation partitions.
+	$(BIN)/marin-assets tick marin_checkpoint_evals
 	@echo
 	@echo "Outputs (second run of 'make demo' reports every asset cached: true):"
 	@$(BIN)/marin-assets status --select '*'
 	@echo
-	@echo "Open the UI:  make dev   then browse http://127.0.0.1:3000  (DAGSTER_HOME=$(DAGSTER_HOME))"
+	@echo "Open the UI:  make dev   then browse http://127.0.0.1:3000/asset-groups  (DAGSTER_HOME=$(DAGSTER_HOME))"
 
 dev: install $(DAGSTER_HOME)/dagster.yaml
+	@echo "The asset graph: http://127.0.0.1:3000/asset-groups"
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
 test: install

@@ -3,11 +3,13 @@
     marin-assets plan --select '*hello/report' [--json] [-f definitions.py | -m module]
     marin-assets status --select '*'
     marin-assets gc [--older-than 7d] [--also module.or/file.py ...] [--json] [--delete]
+    marin-assets tick marin_checkpoint_evals     (one sensor tick, its runs here: no daemon needed)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -26,6 +28,7 @@ from marin_assets.core.step import Step, walk
 from marin_assets.dagster.assets import STORAGE_KEY, Partitioned, storage_settings
 from marin_assets.dagster.definitions import steps_of
 from marin_assets.dagster.drift import previous_materializations
+from marin_assets.dagster.sensor_tick import tick_sensor
 from resources.storage import StorageResource
 
 
@@ -240,6 +243,29 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tick(args: argparse.Namespace) -> int:
+    """Evaluate a sensor once and run what it asks for in this process; exit 1 if a run failed."""
+    defs = load_definitions(args.file, args.module)
+    names = [s.name for s in defs.sensors or ()]
+    if args.sensor not in names:
+        raise SystemExit(f"marin-assets tick: no sensor {args.sensor!r} in the definitions (they have: "
+                         f"{', '.join(sorted(names)) or 'none'})")
+    if not os.environ.get("DAGSTER_HOME"):
+        raise SystemExit("marin-assets tick: DAGSTER_HOME is not set (runs are recorded in that instance)")
+    with dg.DagsterInstance.get() as instance:
+        runs, skip = tick_sensor(defs, args.sensor, instance)
+    if args.json:
+        print(json.dumps({"sensor": args.sensor, "skip_reason": skip, "runs": [dataclasses.asdict(r) for r in runs]},
+                         indent=2))
+    else:
+        if skip:
+            print(f"{args.sensor}: skipped: {skip}")
+        for r in runs:
+            print(f"{r.outcome:<9}  partition {r.partition_key or '-':<6}  {', '.join(r.assets)}"
+                  + (f"  (run {r.run_id})" if r.run_id else "  (its run key already succeeded)"))
+    return 1 if any(r.outcome == "failed" for r in runs) else 0
+
+
 def load_dotenv_like_dagster() -> None:
     """Read ./.env as Dagster's CLI does, so both find the same DAGSTER_HOME."""
     if os.path.exists(".env"):
@@ -272,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--delete", action="store_true", help="delete what is listed as `delete` (default: only list)")
     p.set_defaults(fn=cmd_gc)
+    p = sub.add_parser("tick", help="evaluate a sensor once and run its requests here, as one daemon tick would")
+    p.add_argument("sensor", help="sensor name, e.g. marin_checkpoint_evals")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-f", "--file", help="definitions file (default ./definitions.py)")
+    where.add_argument("-m", "--module", help="module holding the Definitions")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(fn=cmd_tick)
     args = parser.parse_args(argv)
     return args.fn(args)
 
