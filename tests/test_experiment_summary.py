@@ -15,7 +15,7 @@ from marin_assets import StepDefinitionError, materialize_step
 from marin_assets.core.record import read_record
 from marin_assets.core.step import walk
 from marin_assets.dagster.metadata import result_metadata
-from marin_assets.dagster.plots import INLINE_LIMIT, MAX_SERIES, MIN_SERIES_POINTS, series_plot_markdown
+from marin_assets.dagster.plots import INLINE_LIMIT, MAX_SERIES, MIN_SERIES_POINTS, SQUARES, series_plot_markdown
 from marin_assets.pipeline.corpus import corpus_step
 from marin_assets.pipeline.evaluate import evaluate_step
 from marin_assets.pipeline.experiment_summary import (
@@ -32,8 +32,6 @@ from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
 XS = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
 S = ModelSpec(hidden_dim=48, intermediate_dim=96, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
 TRAINER = TrainerSpec(num_train_steps=6, train_batch_size=4, checkpoint_every=6, steps_per_eval=3, max_eval_batches=1)
-MAX_PLOT_MARKDOWN = 2 * INLINE_LIMIT
-"""The bound every plot of a sweep this size stays under."""
 
 
 def sweep_steps(trainer: TrainerSpec = TRAINER):
@@ -57,9 +55,21 @@ def summarized(tmp_path_factory):
 
 
 def svg_of(markdown: str) -> str:
-    image = re.fullmatch(r"!\[[^\]]*\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", markdown)
+    """The image of a plot's markdown (the lines; the title, legend and ranges follow it as text)."""
+    image = re.match(r"!\[[^\]]*\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)\n\n[^\n]+\n\nx [^\n]+$", markdown)
     assert image, markdown[:200]
     return base64.b64decode(image.group(1)).decode()
+
+
+def points_per_series(svg: str) -> list[int]:
+    """How many points each colored line of a plot has (the gray axes left out)."""
+    lines = re.findall(r'<path stroke="(#[0-9a-f]{3})"[^>]* d="([^"]*)"', svg)
+    return [len(re.findall(r"-?\d+ -?\d+", d)) for color, d in lines if color != "#bbb"]
+
+
+def caption_of(markdown: str) -> str:
+    """The text after the image: the title and legend, then the ranges."""
+    return markdown.split("\n\n", 1)[1]
 
 
 def test_a_row_per_run_with_only_the_differing_hyperparameters(summarized):
@@ -89,15 +99,17 @@ def test_the_plots_show_one_series_per_model_size_and_every_point(summarized):
     by_lr = result["eval_loss_vs_lr"]
     assert by_lr["log_x"] and len(by_lr["series"]) == 2
     assert all([lr for lr, _ in points] == [1e-3, 1e-2] for points in by_lr["series"].values())
-    svg = svg_of(series_plot_markdown(by_lr))
-    assert svg.count("<polyline") == 2 and all(label in svg for label in by_lr["series"])
-    assert [len(p.split()) for p in re.findall(r'<polyline points="([^"]*)"', svg)] == [2, 2]
+    markdown = series_plot_markdown(by_lr)
+    assert points_per_series(svg_of(markdown)) == [2, 2]
+    caption = caption_of(markdown)  # the legend: a colored square and its series, in the lines' order
+    at = [caption.index(f"{square} {label}") for square, label in zip(SQUARES, by_lr["series"], strict=False)]
+    assert at == sorted(at)
+    assert caption.endswith(" (log), y {:.4g}–{:.4g}".format(
+        *(f(y for points in by_lr["series"].values() for _, y in points) for f in (min, max))))
     assert [len(points) for points in result["train_loss_curves"]["series"].values()] == [6] * 4
     markdown = series_plot_markdown(result["train_loss_curves"])
-    counts = {len(p.split()) for p in re.findall(r'<polyline points="([^"]*)"', svg_of(markdown))}
-    assert svg_of(markdown).count("<polyline") == 4 and len(counts) == 1
-    # every point while the markdown fits Dagster's inline limit, else cut evenly to the minimum
-    assert counts == {6} if len(markdown) < INLINE_LIMIT else counts == {MIN_SERIES_POINTS}
+    assert len(markdown) < INLINE_LIMIT  # 4 overlaid curves show inline in Dagster, every point of them
+    assert points_per_series(svg_of(markdown)) == [6] * 4
 
 
 def test_dagster_metadata_includes_the_plots_within_a_size_bound(summarized):
@@ -108,12 +120,17 @@ def test_dagster_metadata_includes_the_plots_within_a_size_bound(summarized):
     assert set(plots) == {"result.eval_loss_vs_lr", "result.train_loss_curves", "result.eval_loss_curves"}
     sizes = {k: len(v.md_str) for k, v in plots.items()}
     print("rendered plot markdown sizes:", sizes)
-    assert sizes["result.eval_loss_vs_lr"] < INLINE_LIMIT  # Dagster shows it inline
-    assert all(size < MAX_PLOT_MARKDOWN for size in sizes.values())
-    assert "<polyline" in svg_of(plots["result.eval_loss_curves"].md_str)
+    assert all(size < INLINE_LIMIT for size in sizes.values())  # Dagster shows every plot inline
+    evals = [len(points) for points in result["eval_loss_curves"]["series"].values()]
+    assert len(evals) == 4 and points_per_series(svg_of(plots["result.eval_loss_curves"].md_str)) == evals
     many = {f"run-{i}": [[s, 5 - s / 100] for s in range(1000)] for i in range(3 * MAX_SERIES)}
     bounded = series_plot_markdown({"title": "x" * 500, "log_x": False, "series": many})
-    assert svg_of(bounded).count("<polyline") == MAX_SERIES and len(bounded) < 4 * INLINE_LIMIT
+    assert len(points_per_series(svg_of(bounded))) == MAX_SERIES and len(bounded) < 2 * INLINE_LIMIT
+    # the most that still shows inline: cut evenly, never below the minimum
+    for n, points in ((2, 24), (4, 12), (6, 6), (8, MIN_SERIES_POINTS)):
+        named = {f"sum-s{i}-lr0.001": [[s, 5 - s / 100] for s in range(1000)] for i in range(n)}  # long labels
+        drawn = series_plot_markdown({"title": "train loss curves", "log_x": False, "series": named})
+        assert points_per_series(svg_of(drawn)) == [points] * n and (len(drawn) < INLINE_LIMIT or n == 8)
 
 
 def test_a_changed_member_changes_the_summary(summarized):

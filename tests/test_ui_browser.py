@@ -1,5 +1,6 @@
 """The lineage UI in a real browser: Debian's Chromium, driven by Playwright, against `dagster dev`
-on loopback with a temporary DAGSTER_HOME, serving the demo's graph at test size.
+on loopback with a temporary DAGSTER_HOME, serving the demo's graph at test size (and an experiment
+summary: its table and plots render inline).
 
 What the UI shows is also read from the webserver's GraphQL API — the data the pages render — so
 each test checks both what is on the screen and what it means. Screenshots go to
@@ -16,19 +17,27 @@ from pathlib import Path
 
 import pytest
 
+from marin_assets.dagster.plots import SQUARES
+from marin_assets.pipeline.train import list_checkpoints, run_dir_of
 from tests.support import ui_definitions as ui
 from tests.support.browser import dagster_dev_page
 from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
 
 SHOTS = ROOT / "tests" / "artifacts" / "screenshots"
 DEFINITIONS = ROOT / "tests" / "support" / "ui_definitions.py"
-GROUPS = ["hello", "raw", "tokenizers", "tokenized", "checkpoints", "exports", "evals"]
+FIRST_VISIT = "/asset-groups"
+"""Where `make demo` and `make dev` send a first visit ("/" opens Dagster's run timeline instead)."""
+GROUPS = ["hello", "raw", "tokenizers", "tokenized", "checkpoints", "exports", "evals", "reports"]
 
 
 def materialize(env: dict, select: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(DEFINITIONS), "--select", select],
                           cwd=ROOT, env=env, capture_output=True, text=True)
 
+
+def tick(env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "marin-assets"), "tick", ui.SENSOR, "-f", str(DEFINITIONS), "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
 
 
 class UI:
@@ -83,6 +92,13 @@ query Latest($assetKey: AssetKeyInput!) {
   }
 }"""
 
+PARTITIONS = """
+query Partitions($assetKey: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode { partitionKeys partitionStats { numMaterialized numPartitions numFailed } }
+  }
+}"""
+
 NODE = """
 query Node($assetKey: AssetKeyInput!) {
   assetNodeOrError(assetKey: $assetKey) {
@@ -104,13 +120,14 @@ def ui_server(tmp_path_factory):
     """The tiny demo materialized by the CLI, then `dagster dev` serving it, and a browser."""
     tmp = tmp_path_factory.mktemp("ui")
     home = tmp / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\nnux:\n  enabled: false\n")
+    subprocess.run(["make", "-s", f"DAGSTER_HOME={home}", f"{home}/dagster.yaml"], cwd=ROOT, check=True)  # as make demo
     settings = tmp / "settings.json"
     settings.write_text(json.dumps({"title": "Hello"}))
     env = subprocess_env(DAGSTER_HOME=str(home), MARIN_PREFIX=str(tmp / "outputs"), MARIN_UI_SETTINGS=str(settings))
     first = materialize(env, ui.SELECTION)
     assert first.returncode == 0, first.stderr[-3000:]
+    evals = tick(env)  # what make demo does next: every checkpoint's evaluation partition
+    assert evals.returncode == 0, evals.stderr[-3000:]
 
     with dagster_dev_page(DEFINITIONS, env, tmp / "dagster-dev.log") as (base, page):
         yield UI(base, env, page, tmp)
@@ -121,8 +138,49 @@ def materialize_button(page):
     return page.locator("button").filter(has_text=re.compile(r"^Materialize$"))
 
 
+def test_a_first_visit_opens_on_the_graph_with_every_checkpoint_evaluated(ui_server):
+    """After make demo's two commands (materialize, one checkpoint-sensor tick) on the instance the Makefile
+    writes: no "Join the Dagster community" modal (shown only on a 127.0.0.1/localhost origin, as here), the
+    asset graph, and one materialized evaluation partition per checkpoint of the training run."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"127.0.0.1:3000{FIRST_VISIT}" in makefile and f"marin-assets tick {ui.SENSOR}" in makefile
+    page = ui_server.page.context.browser.new_page(viewport={"width": 1800, "height": 1100})  # nothing remembered
+    try:
+        page.goto(ui_server.base + FIRST_VISIT)  # the address make demo and make dev print
+        for group in GROUPS:  # the graph, its groups collapsed
+            page.locator(f'[data-tooltip="{group}"]').first.wait_for()
+        page.wait_for_load_state("networkidle")
+        page.wait_for_timeout(1500)  # the modal, when enabled, opens once its query answers
+        assert page.get_by_text("Join the Dagster community").count() == 0
+        assert page.get_by_role("dialog").count() == 0
+        page.screenshot(path=str(SHOTS / "first-visit.png"))
+    finally:
+        page.close()
+
+    family = ui.per_checkpoint[0]
+    checkpoints = sorted(list_checkpoints(run_dir_of(family.train.output_path_under(ui_server.env["MARIN_PREFIX"]))))
+    assert checkpoints == [5, 10, 11]
+    stats = ui_server.graphql(PARTITIONS, assetKey={"path": family.name.split("/")})["assetNodeOrError"]
+    assert sorted(int(k) for k in stats["partitionKeys"]) == checkpoints
+    assert stats["partitionStats"]["numMaterialized"] == len(checkpoints)
+    rows = [json.loads(r) for r in
+            ui_server.latest_materialization(family.name)["metadata"]["all_checkpoints"]["table"]["records"]]
+    assert [r["step"] for r in rows] == checkpoints and all(r["loss"] > 0 for r in rows)
+    page = ui_server.page
+    page.goto(f"{ui_server.base}/assets/{family.name}?view=partitions")
+    page.get_by_text(f"Materialized ({len(checkpoints)})", exact=True).first.wait_for()
+    for checkpoint in checkpoints:
+        page.get_by_text(str(checkpoint), exact=True).first.wait_for()
+    page.wait_for_load_state("networkidle")
+    ui_server.shot("checkpoint-partitions.png")
+
+    again = json.loads(tick(ui_server.env).stdout)  # a second tick: every run key has succeeded, nothing runs
+    assert [(r["partition_key"], r["outcome"]) for r in again["runs"]] == [(str(c), "skipped") for c in checkpoints]
+
+
 def test_the_graph_shows_every_stage_and_asset(ui_server):
     page = ui_server.page
+    page.set_viewport_size({"width": 1800, "height": 1700})  # the graph draws only what fits: let all of it
     expanded = ",".join(f"global@global:{group}" for group in GROUPS)  # groups start collapsed
     page.goto(f"{ui_server.base}/asset-groups?expanded={urllib.parse.quote(expanded)}")
     for group in GROUPS:
@@ -136,6 +194,7 @@ def test_the_graph_shows_every_stage_and_asset(ui_server):
     graph.get_by_text(re.compile(r"^tiny-.*checkpoints$")).first.wait_for()  # the long name is shortened
     page.wait_for_load_state("networkidle")
     ui_server.shot("asset-graph.png")
+    page.set_viewport_size({"width": 1800, "height": 1100})
     node = ui_server.node("tokenized/tiny-stories-bpe")
     assert node["groupName"] == "tokenized" and set(node["kinds"]) == {"tokenize", "levanter", "ray"}
     assert "Made by `marin_assets.pipeline.tokenize.tokenize`" in node["description"]
@@ -236,3 +295,29 @@ def test_a_cache_built_with_another_tokenizer_fails_its_check(ui_server):
     page.get_by_text("Failed", exact=True).first.wait_for()
     page.wait_for_load_state("networkidle")
     ui_server.shot("failed-check.png")
+
+
+def test_the_summary_page_shows_its_table_and_plots(ui_server):
+    page = ui_server.page
+    page.goto(f"{ui_server.base}/assets/reports/ui-sweep")
+    page.get_by_text("Metadata", exact=True).first.wait_for()
+    for label in ["result.rows", "result.eval_loss_vs_lr", "result.train_loss_curves", "result.varied"]:
+        page.get_by_text(label, exact=True).first.wait_for()
+    plot = page.locator('.dagster-markdown img[alt="eval loss vs learning rate"]').first
+    plot.wait_for()
+    assert plot.evaluate("img => img.complete && img.naturalWidth") == 360  # the SVG rendered inline
+    page.get_by_text("checkpoints/ui-h48-lr0.01", exact=True).first.wait_for()  # a row of the table
+    page.get_by_text("result.eval_loss_vs_lr", exact=True).first.scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
+    ui_server.shot("experiment-summary.png")
+    # the 4 overlaid loss curves show inline too, each with its legend: a colored square per run
+    assert page.get_by_text("[Show Markdown]").count() == 0
+    curves = page.locator('.dagster-markdown img[alt="train loss"]').first
+    curves.wait_for()
+    assert curves.evaluate("img => img.complete && img.naturalWidth") == 360
+    legend = page.locator(".dagster-markdown").filter(has=page.locator('img[alt="train loss"]')).first.inner_text()
+    runs = [(32, 0.001), (32, 0.01), (48, 0.001), (48, 0.01)]
+    assert [f"{square} h{h}-lr{lr}" in legend for square, (h, lr) in zip(SQUARES, runs, strict=False)] == [True] * 4
+    curves.scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
+    ui_server.shot("experiment-summary-curves.png")

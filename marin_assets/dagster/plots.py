@@ -13,6 +13,7 @@ import base64
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeGuard, TypeVar
 
 WIDTH, HEIGHT, PAD = 300, 110, 26
@@ -90,11 +91,19 @@ def _escape(text: str) -> str:
 
 
 # --- several series on one plot (an experiment summary) ------------------------------------------
+#
+# Only the lines are drawn in the image, on a small integer grid (a viewBox scaled up by the browser): the
+# title, the legend and the axis ranges are markdown text beside it, which costs a character where the
+# base64 image would cost a third more. The legend's colored squares are emoji whose colors the lines use.
 
-COLORS = ("#43d", "#e52", "#1a9", "#ea1", "#825", "#28a", "#694", "#333")
-"""One color per series; more series than colors are left out of the plot (the table has them all)."""
+COLORS = ("#38c", "#d34", "#7b5", "#ec5", "#a8d", "#c64", "#f90", "#334")
+"""One color per series, each an emoji square's (`SQUARES`); more series than colors are left out of the
+plot (the table has them all)."""
+SQUARES = ("\U0001F7E6", "\U0001F7E5", "\U0001F7E9", "\U0001F7E8", "\U0001F7EA", "\U0001F7EB", "\U0001F7E7",
+           "\u2B1B")
+"""Blue, red, green, yellow, purple, brown, orange and black squares: the legend."""
 MAX_SERIES = len(COLORS)
-MAX_SERIES_POINTS = 12
+MAX_SERIES_POINTS = 24
 """Per series: a plot of several series is bounded by `MAX_SERIES` × this many points."""
 MIN_SERIES_POINTS = 4
 """Per series, fewer points are not cut to keep the markdown under `INLINE_LIMIT` (it is then shown
@@ -102,6 +111,9 @@ behind Dagster's "Show Markdown" button, bounded all the same)."""
 MAX_LABEL_CHARS = 14
 """Per series in the legend."""
 SERIES_WIDTH, SERIES_HEIGHT = 360, 130
+"""Pixels the plot takes on the page."""
+GRID_X, GRID_Y = 99, 71
+"""Its coordinates: integers from 0 to these, stretched to the pixels (two digits a coordinate)."""
 
 
 def is_series_plot(value: Any) -> TypeGuard[Mapping[str, Any]]:
@@ -112,12 +124,26 @@ def is_series_plot(value: Any) -> TypeGuard[Mapping[str, Any]]:
             and all(isinstance(points, list) for points in value["series"].values()))
 
 
-def series_plot_svg(series: Mapping[str, Sequence[Any]], title: str = "", log_x: bool = False,
-                    connect: bool = True, points_per_series: int = MAX_SERIES_POINTS) -> str:
-    """An SVG plot of several series of `[x, y]` points, one color each, a legend, and the x and y ranges.
+@dataclass(frozen=True)
+class SeriesPlot:
+    """A plot of several series, drawn: the image (lines only) and the text that goes with it."""
 
-    `log_x` spaces x by its logarithm (learning rates); series with no plottable point, and those after the
-    first `MAX_SERIES`, are left out."""
+    svg: str
+    """The lines, one `<path>` per series in `COLORS` order, on the `GRID_X` × `GRID_Y` grid."""
+    labels: tuple[str, ...]
+    """The series shown, in order (cut to `MAX_LABEL_CHARS`)."""
+    x_range: tuple[float, float]
+    """The lowest and highest x shown."""
+    y_range: tuple[float, float]
+    """The lowest and highest y shown."""
+
+
+def series_plot(series: Mapping[str, Sequence[Any]], log_x: bool = False, connect: bool = True,
+                points_per_series: int = MAX_SERIES_POINTS) -> SeriesPlot:
+    """Draw several series of `[x, y]` points, one color each.
+
+    `log_x` spaces x by its logarithm (learning rates); `connect=False` draws points instead of lines;
+    series with no plottable point, and those after the first `MAX_SERIES`, are left out."""
     shown: dict[str, list[tuple[float, float]]] = {}
     for label, points in list(series.items())[:MAX_SERIES]:
         pts = [p for p in finite_points(points) if not log_x or p[0] > 0]
@@ -132,41 +158,42 @@ def series_plot_svg(series: Mapping[str, Sequence[Any]], title: str = "", log_x:
     xs = [fx(x) for pts in shown.values() for x, _ in pts]
     ys = [y for pts in shown.values() for _, y in pts]
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
-    w, h, legend = SERIES_WIDTH, SERIES_HEIGHT, 100
-    right, bottom = w - legend, h - PAD
-    parts = []
-    for i, (label, pts) in enumerate(shown.items()):
-        coords = " ".join(f"{PAD + _scale(fx(x), x0, x1) * (right - PAD):.0f},"
-                          f"{bottom - _scale(y, y0, y1) * (bottom - PAD):.0f}" for x, y in pts)
-        color = COLORS[i]
-        if connect and len(pts) > 1:
-            parts.append(f'<polyline points="{coords}" stroke="{color}"/>')
-        else:
-            parts.extend(f'<circle cx="{c.split(",")[0]}" cy="{c.split(",")[1]}" r="2" fill="{color}"/>'
-                         for c in coords.split())
-        name = label if len(label) <= MAX_LABEL_CHARS else label[:MAX_LABEL_CHARS - 1] + "…"
-        parts.append(f'<text x="{right + 6}" y="{PAD + 12 * i + 3}" fill="{color}">{_escape(name)}</text>')
-    x_low, x_high = (10 ** x0, 10 ** x1) if log_x else (x0, x1)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif"'
-            f' font-size="10"><g fill="none" stroke-width="2"><path d="M{PAD} {PAD}V{bottom}H{right}" stroke="#999"/>'
-            f'{"".join(p for p in parts if p.startswith("<polyline"))}</g>'
-            f'{"".join(p for p in parts if not p.startswith("<polyline"))}'
-            f'<text x="{PAD}" y="12">{_escape(_short(title))}</text>'
-            f'<text x="{PAD}" y="{bottom + 12}">{x_low:.4g}</text>'
-            f'<text x="{right}" y="{bottom + 12}" text-anchor="end">{x_high:.4g}{" (log)" if log_x else ""}</text>'
-            f'<text x="2" y="{PAD + 3}">{y1:.4g}</text><text x="2" y="{bottom}">{y0:.4g}</text></svg>')
+    paths = []
+    for color, pts in zip(COLORS, shown.values(), strict=False):
+        coords = [f"{_scale(fx(x), x0, x1) * GRID_X:.0f} {GRID_Y - _scale(y, y0, y1) * GRID_Y:.0f}" for x, y in pts]
+        if connect and len(coords) > 1:
+            paths.append(f'<path stroke="{color}" d="M{" ".join(coords)}"/>')
+        else:  # a dot per point: a zero-length segment with round caps
+            paths.append(f'<path stroke="{color}" stroke-width="5" stroke-linecap="round" d="'
+                         f'{"".join(f"M{c}h0" for c in coords)}"/>')
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{SERIES_WIDTH}" height="{SERIES_HEIGHT}" viewBox="-2 -2'
+           f' {GRID_X + 4} {GRID_Y + 4}" preserveAspectRatio="none"><style>path{{vector-effect:non-scaling-stroke;'
+           f'fill:none;stroke-width:2}}</style><path stroke="#bbb" d="M-1 -2V{GRID_Y + 1}'
+           f'H{GRID_X + 2}"/>{"".join(paths)}</svg>')
+    labels = tuple(label if len(label) <= MAX_LABEL_CHARS else label[:MAX_LABEL_CHARS - 1] + "…" for label in shown)
+    return SeriesPlot(svg, labels, (10 ** x0, 10 ** x1) if log_x else (x0, x1), (y0, y1))
 
 
 def series_plot_markdown(plot: Mapping[str, Any]) -> str:
-    """Markdown showing a plot of several series (`is_series_plot`) as an inline image (a data URI): with as
-    many points per series as keep it under `INLINE_LIMIT`, so that Dagster shows it inline, but never fewer
-    than `MIN_SERIES_POINTS`."""
-    title = str(plot.get("title") or "")
-    alt = re.sub(r"[\[\]\\\s]+", " ", _short(title)).strip()
+    """Markdown showing a plot of several series (`is_series_plot`): the lines as an inline image (a data URI),
+    then the title, the legend and the ranges as text — with as many points per series as keep it under
+    `INLINE_LIMIT`, so that Dagster shows it inline, but never fewer than `MIN_SERIES_POINTS`."""
+    title = _short(str(plot.get("title") or ""))
+    alt = re.sub(r"[\[\]\\\s]+", " ", title).strip()
     markdown = ""
     for n in range(MAX_SERIES_POINTS, MIN_SERIES_POINTS - 1, -1):
-        svg = series_plot_svg(plot["series"], title, bool(plot.get("log_x")), bool(plot.get("connect", True)), n)
-        markdown = f"![{alt}](data:image/svg+xml;base64,{base64.b64encode(svg.encode()).decode()})"
+        drawn = series_plot(plot["series"], bool(plot.get("log_x")), bool(plot.get("connect", True)), n)
+        legend = " ".join(f"{square} {_escape_markdown(label)}" for square, label in zip(SQUARES, drawn.labels,
+                                                                                          strict=False))
+        (xa, xb), (ya, yb) = drawn.x_range, drawn.y_range
+        log = " (log)" if plot.get("log_x") else ""
+        markdown = (f"![{alt}](data:image/svg+xml;base64,{base64.b64encode(drawn.svg.encode()).decode()})\n\n"
+                    f"{_escape_markdown(title)}: {legend}\n\nx {xa:.3g}–{xb:.3g}{log}, y {ya:.4g}–{yb:.4g}")
         if len(markdown) < INLINE_LIMIT:
             break
     return markdown
+
+
+def _escape_markdown(text: str) -> str:
+    """Text that markdown shows as it is (labels and titles are run names, learning rates, sizes)."""
+    return re.sub(r"([\\`*_\[\]<>|~])", r"\\\1", text)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,7 @@ class ExperimentSummaryError(ValueError):
 
 @dataclass(frozen=True)
 class PlotData:
-    """The points of one plot of several series; the Dagster layer draws it (`plots.series_plot_svg`)."""
+    """The points of one plot of several series; the Dagster layer draws it (`plots.series_plot`)."""
 
     title: str
     x: str
@@ -169,6 +170,7 @@ def _loss_vs_lr(runs: Mapping[str, tuple[Mapping[str, Any], TrainResult]], flat:
 def _short_labels(names: Sequence[str]) -> dict[str, str]:
     """Run names without what they all share (`checkpoints/sweep-xs-lr0.001` → `xs-lr0.001`)."""
     common = os.path.commonprefix(list(names)) if len(names) > 1 else names[0].rsplit("/", 1)[0] + "/"
+    common = re.sub(r"[^/_-]*$", "", common)  # up to a separator: `h32`, `h48` keep their `h`
     return {n: n[len(common):] or n for n in names}
 
 

@@ -1,15 +1,19 @@
 """The demo's graph at test size, for the browser tests: the same stages, names, checks and
-metadata as `definitions.py`, with a tiny corpus and model. Storage: MARIN_PREFIX. The report's
+metadata as `definitions.py`, with a tiny corpus and model, plus an experiment summary over a
+2 × 2 sweep (model size × learning rate) trained on the same cache. Storage: MARIN_PREFIX. The report's
 title comes from the JSON file at MARIN_UI_SETTINGS, so a test can change a hash_attr and reload."""
 
 import json
 import os
+from dataclasses import replace
 
 from marin_assets import build_definitions
 from marin_assets.dagster import checkpoint_evals_asset, checkpoint_sensor
 from marin_assets.experiments import tiny_stories
+from marin_assets.pipeline.experiment_summary import experiment_summary_step
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
 from marin_assets.pipeline.specs import OptimizerSpec
+from marin_assets.pipeline.sweep import lr_model_sweep
 from tests.support.automation_pipeline import SHORT, TINY
 
 settings_file = os.environ.get("MARIN_UI_SETTINGS")
@@ -20,8 +24,14 @@ report = report_step("hello/report", stats_step("hello/stats", numbers), title=s
 pipeline = tiny_stories.build(train_documents=800, validation_documents=60, vocab_size=400, model=TINY, trainer=SHORT,
                               optimizer=OptimizerSpec(learning_rate=1e-2))
 per_checkpoint = [tiny_stories.checkpoint_evals(pipeline)]
-steps = [report, pipeline["export"], pipeline["evaluate"]]
-SELECTION = "*hello/report,*exports/tiny-stories-llama,*evals/tiny-stories-llama"
+sweep = lr_model_sweep("ui", {"stories": pipeline["tokenized"]},
+                       {f"h{m.hidden_dim}": m for m in (TINY, replace(TINY, hidden_dim=48, intermediate_dim=96))},
+                       [1e-3, 1e-2], trainer=replace(SHORT, num_train_steps=4, checkpoint_every=4, steps_per_eval=2,
+                                                     max_eval_batches=1), evaluate=False)
+summary = experiment_summary_step("reports/ui-sweep", sweep)
+steps = [report, pipeline["export"], pipeline["evaluate"], summary]
+SELECTION = "*hello/report,*exports/tiny-stories-llama,*evals/tiny-stories-llama,*reports/ui-sweep"
+SENSOR = "marin_checkpoint_evals"
 
 defs = build_definitions(steps, describe_drift=True,
                          extra_assets=[checkpoint_evals_asset(e) for e in per_checkpoint],
