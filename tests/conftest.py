@@ -1,6 +1,8 @@
 """Fixtures only (never imported): shared helpers live in `tests/support/`."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -9,6 +11,23 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+# One JAX compilation cache for the session, shared by every process it starts (Ray workers, CLI
+# subprocesses): dozens of tiny trainings of the same shapes compile once, not once per process. It is
+# the persistent cache Levanter users turn on (`jax_compilation_cache_dir`); a fresh folder each session.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="marin-test-jax-cache-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    JAX_CACHE_MADE_HERE: str | None = os.environ["JAX_COMPILATION_CACHE_DIR"]
+else:
+    JAX_CACHE_MADE_HERE = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def jax_cache_removed_at_the_end():
+    yield
+    if JAX_CACHE_MADE_HERE:
+        shutil.rmtree(JAX_CACHE_MADE_HERE, ignore_errors=True)
 
 
 

@@ -5,9 +5,9 @@ from tests.support.crash_trials import run_trials
 
 
 def test_kill_9_at_random_moments_of_download_tokenize_and_training(tmp_path, prefix):
-    report = run_trials({"download": 4, "tokenize": 3, "train": 3, "tokenize@ray": 1, "train@ray": 1}, tmp_path,
+    report = run_trials({"download": 3, "tokenize": 2, "train": 2, "tokenize@ray": 1, "train@ray": 1}, tmp_path,
                         prefix, seed=0)
     print(f"\ncrash trials: {report}")
     assert report.failures == []
-    assert report.trials == 12
-    assert report.killed_running >= 6  # most kills landed mid-function, where they matter
+    assert report.trials == 9
+    assert report.killed_running >= 4  # most kills landed mid-function, where they matter

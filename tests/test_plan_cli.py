@@ -5,6 +5,7 @@ import textwrap
 
 import pytest
 
+from marin_assets import cli
 from tests.support.helpers import BIN, run_cli, subprocess_env
 
 DEFS = textwrap.dedent(
@@ -26,10 +27,16 @@ def project(tmp_path, prefix, dagster_home):
     return tmp_path
 
 
-def plan_json(project, select, n):
-    out = run_cli(BIN / "marin-assets", "plan", "-f", project / "defs.py", "--select", select, "--json",
-                  env=subprocess_env(HELLO_N=str(n))).stdout
-    return {row["asset_key"]: row for row in json.loads(out)}
+@pytest.fixture
+def plan_json(capsys, monkeypatch):
+    """`marin-assets plan --json` in this process (the CLI's `main`; the text test runs the installed command)."""
+    def plan(project, select, n):
+        monkeypatch.setenv("HELLO_N", str(n))
+        capsys.readouterr()
+        assert cli.main(["plan", "-f", str(project / "defs.py"), "--select", select, "--json"]) == 0
+        return {row["asset_key"]: row for row in json.loads(capsys.readouterr().out)}
+
+    return plan
 
 
 def materialize(project, select, n, check=True):
@@ -37,7 +44,7 @@ def materialize(project, select, n, check=True):
                    env=subprocess_env(HELLO_N=str(n)), check=check)
 
 
-def test_plan_run_reuse_blocked_and_changed_attrs(project, prefix):
+def test_plan_run_reuse_blocked_and_changed_attrs(project, prefix, plan_json):
     rows = plan_json(project, "t/numbers,t/stats", 10)
     assert {k: r["action"] for k, r in rows.items()} == {"t/numbers": "run", "t/stats": "run"}
     assert rows["t/numbers"]["reason"] == "no output yet"

@@ -10,6 +10,7 @@ the request and what the nodes offer. Steps are materialized by a separate drive
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -67,9 +68,11 @@ def inputs(tmp_path_factory):
     return root, raw, tok
 
 
-def driver(address, prefix, raw, tok, workers: int, cpu: float = 1) -> subprocess.Popen:
+def driver(address, prefix, raw, tok, workers: int, cpu: float = 1, lease: str | None = None) -> subprocess.Popen:
+    """`lease`: the step lease's `heartbeat,stale` seconds (default: LeaseSettings())."""
     env = subprocess_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    return subprocess.Popen([BIN / "python", DRIVER, address, prefix, raw, tok, str(workers), str(cpu)], cwd=ROOT,
+    return subprocess.Popen([BIN / "python", DRIVER, address, prefix, raw, tok, str(workers), str(cpu),
+                             *([lease] if lease else [])], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -157,6 +160,35 @@ def test_killing_the_materializing_process_stops_its_ray_task(cluster, inputs):
     while any(psutil.pid_exists(pid) for pid in holders) and time.time() < deadline:
         time.sleep(0.2)
     assert not any(psutil.pid_exists(pid) for pid in holders)  # the step's Ray task no longer writes
+
+
+def test_with_short_leases_no_lease_goes_stale_while_its_work_still_writes(cluster, inputs):
+    """1 s heartbeats, 5 s stale timeout. The driver killed, its step lease goes silent; the step's Ray task and
+    its file tasks must stop before that silence lets anyone take the lease over. The next materialization
+    does take it over, as stale, and finishes."""
+    address, _ = cluster
+    root, raw, tok = inputs
+    prefix, stale = root / "short", 5.0
+    proc = driver(address, str(prefix), raw, tok, workers=3, lease=f"1,{stale}")
+    deadline = time.time() + 120
+    while not (holders := running_holders(prefix)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert holders, proc.stdout.read()[-3000:] if proc.poll() is not None else "no claim within 120 s"
+    [step_out] = prefix.glob("tokenized/two-node_*")
+    workers = holders | set(processes_under("ray::tokenized.two-node"))  # file tasks and the step's own task
+    proc.kill()
+    proc.wait(30)
+    last_beat = read_status(str(step_out)).heartbeat  # the driver's last: nobody renews it now
+    while any(psutil.pid_exists(pid) for pid in workers) and time.time() < last_beat + 60:
+        time.sleep(0.05)
+    stopped_after = time.time() - last_beat
+    print(f"\nwork stopped {stopped_after:.2f} s after the lease's last heartbeat (stale after {stale} s)")
+    assert stopped_after < stale, f"the work went on {stopped_after:.1f} s after the lease's last heartbeat"
+    assert read_status(str(step_out)).status is Status.RUNNING  # nothing was marked done
+
+    again, out = finish(driver(address, str(prefix), raw, tok, workers=3, lease=f"1,{stale}"))
+    assert again["ok"], out[-3000:]
+    assert re.search(r"taking over .* \(stale RUNNING", out), out[-3000:]
 
 
 def running_holders(prefix) -> set[int]:

@@ -1,7 +1,8 @@
 """Materialize a tokenize step on a Ray cluster by address, as the Dagster asset body does (the
 `materialize_step` protocol with `ray_runner`), so a test can kill a node under it.
 
-argv: address prefix raw tokenizer workers cpu. Prints one JSON line: the outcome or the error.
+argv: address prefix raw tokenizer workers cpu [heartbeat,stale] (the step lease's seconds; default
+LeaseSettings()). Prints one JSON line: the outcome or the error.
 """
 
 import json
@@ -10,12 +11,17 @@ import sys
 import time
 
 from marin_assets import Step, materialize_step
+from marin_assets.core.lease import LeaseSettings
 from marin_assets.execution.ray_runner import ray_runner
 from marin_assets.pipeline.tokenize import tokenize_step
 from resources import RayResource
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
 address, prefix, raw, tok, workers, cpu = sys.argv[1:7]
+settings = LeaseSettings()
+if len(sys.argv) > 7:
+    heartbeat, stale = (float(x) for x in sys.argv[7].split(","))
+    settings = LeaseSettings(heartbeat_interval=heartbeat, stale_timeout=stale, poll_interval=0.5)
 dataset = Step(name="raw/two-node", fn=lambda out: None, override_output_path=raw)
 tokenizer = Step(name="tokenizers/two-node", fn=lambda out: None, override_output_path=tok)
 step = tokenize_step("tokenized/two-node", dataset, tokenizer, workers=int(workers), cpu=float(cpu))
@@ -24,7 +30,8 @@ started = time.monotonic()
 try:
     for dep in (dataset, tokenizer):
         materialize_step(dep, prefix=prefix)
-    outcome = materialize_step(step, prefix=prefix, run_fn=ray_runner(ray, logging.getLogger("driver")))
+    outcome = materialize_step(step, prefix=prefix, settings=settings,
+                               run_fn=ray_runner(ray, logging.getLogger("driver")))
     result = outcome.record.result if outcome.record else None
     print(json.dumps({"ok": True, "seconds": time.monotonic() - started, "result": result}), flush=True)
 except BaseException as e:  # reported to the test, which asserts on it
