@@ -13,7 +13,7 @@ import dagster as dg
 import fsspec
 import pytest
 
-from marin_assets import materialize_step
+from marin_assets import cli, materialize_step
 from marin_assets.core.status import Status, read_status
 from marin_assets.core.step import walk
 from marin_assets.dagster.checkpoint_evals import CHECKPOINT_TAG, partitions_of
@@ -194,3 +194,15 @@ def test_under_the_daemon_every_checkpoint_is_evaluated_once_across_a_restart(da
     assert by_step[11]["loss"].value < by_step[5]["loss"].value  # later checkpoints of a learning model do better
     last = max(events, key=lambda e: e.timestamp).asset_materialization.metadata["all_checkpoints"]
     assert len(last.records) >= 2 and {r.data["step"] for r in last.records} <= set(auto.CHECKPOINTS)
+
+
+def test_a_tick_names_what_is_wrong_before_running_anything(monkeypatch, tmp_path):
+    """`marin-assets tick` (make demo's one tick): a sensor the definitions lack, or no instance to record in."""
+    definitions = str(ROOT / "tests" / "support" / "automation_pipeline.py")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    with pytest.raises(SystemExit, match=r"no sensor 'nope' in the definitions \(they have: .*marin_checkpoint_evals"):
+        cli.main(["tick", "nope", "-f", definitions])
+    monkeypatch.delenv("DAGSTER_HOME")
+    monkeypatch.chdir(tmp_path)  # no ./.env to find an instance in either
+    with pytest.raises(SystemExit, match="DAGSTER_HOME is not set"):
+        cli.main(["tick", auto.sensor.name, "-f", definitions])
