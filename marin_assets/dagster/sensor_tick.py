@@ -58,9 +58,12 @@ def tick_sensor(defs: dg.Definitions, name: str, instance: dg.DagsterInstance) -
     if not isinstance(result, dg.SensorResult):  # a generator or a list of run requests
         requests = list(result or [])
         result = dg.SensorResult(run_requests=[r for r in requests if isinstance(r, dg.RunRequest)])
-    for add in result.dynamic_partitions_requests or ():
-        if isinstance(add, dg.AddDynamicPartitionsRequest):
-            instance.add_dynamic_partitions(add.partitions_def_name, list(add.partition_keys))
+    for change in result.dynamic_partitions_requests or ():
+        if isinstance(change, dg.AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(change.partitions_def_name, list(change.partition_keys))
+        else:
+            for key in change.partition_keys:
+                instance.delete_dynamic_partition(change.partitions_def_name, key)
     job = defs.resolve_implicit_global_asset_job_def()
     runs: list[TickRun] = []
     for request in result.run_requests or ():
