@@ -1,4 +1,4 @@
-"""`marin-assets`: what Dagster does not do — plan a selection, show where outputs are, collect garbage.
+"""`marin-assets`: what Dagster does not do — plan, show where outputs are, collect garbage, tick a sensor once.
 
     marin-assets plan --select '*hello/report' [--json] [-f definitions.py | -m module]
     marin-assets status --select '*'
