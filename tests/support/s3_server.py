@@ -13,12 +13,9 @@ import http.server
 import os
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from tests.support.servers import free_port, serve_http
+from tests.support.servers import free_port, serve_http, wait_until_serving
 
 MOTO_SERVER = Path(sys.executable).parent / "moto_server"
 
@@ -39,17 +36,7 @@ def moto_s3_server(log_path: Path):
                                 stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=1)
-                break
-            except urllib.error.HTTPError:
-                break  # it answers
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"moto_server did not start: {log_path.read_text()}") from None
-                time.sleep(0.05)
+        wait_until_serving(f"{url}/moto-api/", proc, log_path, 30, "moto_server")
         yield url
     finally:
         proc.terminate()

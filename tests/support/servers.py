@@ -6,6 +6,8 @@ import http.server
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -53,3 +55,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until_serving(url: str, proc, log_path, timeout: float, what: str) -> None:
+    """Poll `url` until the server answers (any HTTP status counts); fail with the end of its log if `proc`
+    exits first or `timeout` seconds pass."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"{what} did not start: {open(log_path).read()[-3000:]}") from None
+            time.sleep(0.1)
