@@ -26,8 +26,8 @@ BENCH = Path(__file__).resolve().parent
 
 
 def _corpus(tmp: str, documents: int) -> tuple[str, str]:
-    from marin_assets.pipeline.corpus import generate_corpus
-    from marin_assets.pipeline.tokenizer import train_tokenizer
+    from marin_assets.pipeline.data.corpus import generate_corpus
+    from marin_assets.pipeline.tokens.tokenizer import train_tokenizer
 
     raw = os.path.join(tmp, "raw")
     generate_corpus(raw, train_documents=documents, validation_documents=500, seed=0, shards=4)
@@ -41,8 +41,8 @@ def levanter_build(cache_dir: str, raw: str, tokenizer_path: str) -> int:
     from levanter.data.text import UrlSingleDatasetLMConfig
     from levanter.store.cache import CacheOptions
 
-    from marin_assets.pipeline.text_files import expand_files
-    from marin_assets.pipeline.tokenize import _finished_stats
+    from marin_assets.pipeline.data.text_files import expand_files
+    from marin_assets.pipeline.tokens.cache_writer import finished_counts
 
     config = UrlSingleDatasetLMConfig(train_urls=expand_files(raw, ["train/*"]),
                                       validation_urls=expand_files(raw, ["validation/*"]), cache_dir=cache_dir,
@@ -53,7 +53,7 @@ def levanter_build(cache_dir: str, raw: str, tokenizer_path: str) -> int:
         cache.await_finished(None, await_cleanup=True)
         if cache._builder is not None:  # its manager actor would hold a share of a CPU until the driver exits
             ray.kill(cache._builder)
-        tokens += _finished_stats(os.path.join(cache_dir, split), tokenizer_path, 1).tokens
+        tokens += finished_counts(os.path.join(cache_dir, split), tokenizer_path).tokens
     return tokens
 
 
@@ -81,9 +81,9 @@ def measure_tokenize(reps: int = 5, documents: int = 40_000) -> list[dict]:
     from marin_assets.core.materialize import materialize_step
     from marin_assets.core.step import Step
     from marin_assets.execution.ray_runner import ray_runner
-    from marin_assets.pipeline.text_files import expand_files, iter_documents
-    from marin_assets.pipeline.tokenize import tokenize
-    from marin_assets.pipeline.tokenizer import load_hf_tokenizer
+    from marin_assets.pipeline.data.text_files import expand_files, iter_documents
+    from marin_assets.pipeline.tokens.tokenize import tokenize
+    from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer
     from resources import RayResource
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -144,8 +144,8 @@ TRAIN_SCRIPT = """
 import json, os, sys, time
 start = time.perf_counter()
 spec = json.loads(sys.argv[1])
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
-from marin_assets.pipeline import levanter_configs as lc
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training import levanter_configs as lc
 from levanter.main import train_lm
 out = spec["out"]
 model, trainer = ModelSpec(**spec["model"]), TrainerSpec(**spec["trainer"])
@@ -167,10 +167,10 @@ def measure_train(reps: int = 2, steps: int = 100) -> dict:
     from marin_assets.core.materialize import materialize_step
     from marin_assets.core.step import Step
     from marin_assets.execution.ray_runner import ray_runner
-    from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
-    from marin_assets.pipeline.tokenize import tokenize
-    from marin_assets.pipeline.tokenizer import load_hf_tokenizer
-    from marin_assets.pipeline.train import train_lm
+    from marin_assets.pipeline.tokens.tokenize import tokenize
+    from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer
+    from marin_assets.pipeline.training.pretrain import train_lm
+    from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
     from resources import RayResource
 
     model = ModelSpec(hidden_dim=128, intermediate_dim=512, num_layers=2, num_heads=4, num_kv_heads=4, seq_len=256)

@@ -65,7 +65,7 @@ def write_corpus(root: str, texts: list[str], shards: int = 8) -> str:
 
 def cl100k(tmp: str) -> str:
     sys.path.insert(0, str(ROOT))
-    from marin_assets.pipeline.tokenizer import adopt_tokenizer
+    from marin_assets.pipeline.tokens.tokenizer import adopt_tokenizer
     from tests.support.real_tokenizers import cl100k_contiguous_folder
 
     return adopt_tokenizer(os.path.join(tmp, "tok"), cl100k_contiguous_folder(os.path.join(tmp, "cl100k"))).path
@@ -73,7 +73,7 @@ def cl100k(tmp: str) -> str:
 
 RSS_SCRIPT = """
 import json, resource, sys
-from marin_assets.pipeline.tokenize import tokenize
+from marin_assets.pipeline.tokens.tokenize import tokenize
 result = tokenize(sys.argv[1], sys.argv[2], sys.argv[3])
 print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "tokens": sum(s.tokens for s in result.splits.values()), "backend": result.backend}))
@@ -96,8 +96,8 @@ def measure(reps: int = 5, megabytes: int = 30) -> list[dict]:
     from marin_assets.core.lease import LeaseSettings
     from marin_assets.core.materialize import materialize_step
     from marin_assets.core.step import Step
-    from marin_assets.pipeline.encoders import _fastokens, _reference
-    from marin_assets.pipeline.tokenize import tokenize
+    from marin_assets.pipeline.tokens.encoders import _fastokens, _reference
+    from marin_assets.pipeline.tokens.tokenize import tokenize
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     settings = LeaseSettings(heartbeat_interval=10, stale_timeout=60, poll_interval=0.2)

@@ -23,8 +23,8 @@ from dotenv import dotenv_values
 
 from marin_assets.core.gc import Deletion, StepFamily, delete_garbage, find_garbage, parse_duration
 from marin_assets.core.plan import plan
-from marin_assets.core.status import read_status
 from marin_assets.core.step import Step, walk
+from marin_assets.core.stores import read_status
 from marin_assets.dagster.assets import STORAGE_KEY, Partitioned, storage_settings
 from marin_assets.dagster.definitions import steps_of
 from marin_assets.dagster.drift import previous_materializations

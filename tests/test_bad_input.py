@@ -19,15 +19,16 @@ import pytest
 
 from marin_assets import Resources, Step, StepDefinitionError, materialize_step
 from marin_assets.core.record import RecordNotAvailableError, read_record
-from marin_assets.core.status import Status, read_status
+from marin_assets.core.status import Status
 from marin_assets.core.step import walk
-from marin_assets.pipeline.chat import chat_tokenize_step
-from marin_assets.pipeline.download import hf_download_step, url_download_step
+from marin_assets.core.stores import read_status
+from marin_assets.pipeline.data.download import hf_download_step, url_download_step
 from marin_assets.pipeline.hello import numbers_step
-from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
-from marin_assets.pipeline.tokenize import tokenize_step
-from marin_assets.pipeline.tokenizer import bpe_tokenizer_step, existing_tokenizer_step
-from marin_assets.pipeline.train import train_step
+from marin_assets.pipeline.tokens.chat import chat_tokenize_step
+from marin_assets.pipeline.tokens.tokenize import tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step, existing_tokenizer_step
+from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
 from tests.support.helpers import FAST, ROOT, corpus_and_tokenizer
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
 
@@ -61,6 +62,9 @@ CASES = {
     "missing_path": Case("a local path that does not exist", r"no-such-folder: not found"),
     "broken_tokenizer": Case("a tokenizer folder that does not load",
                              r"tokenizer '.*broken-tokenizer' does not load: Unrecognized model"),
+    "empty_tokenizer": Case("a tokenizer folder with no tokenizer files",
+                            r"tokenizer '.*empty-tokenizer' does not load: the folder holds no tokenizer files"
+                            r" \(tokenizer\.json, tokenizer_config\.json, vocab\.json, …; it contains: nothing\)"),
     "vocab_too_small": Case("a vocabulary too small for byte-level BPE", r"vocab_size 10 is too small"),
     "negative_steps": Case("a negative number of training steps", r"num_train_steps must be positive, got -5"),
     "zero_batch": Case("a zero batch size", r"train_batch_size must be positive, got 0"),
@@ -282,6 +286,13 @@ def test_tokenizer_folder_that_does_not_load(tmp_path, prefix, neighbour):
     fails_at_materialize("broken_tokenizer", [existing_tokenizer_step("tokenizers/broken", str(broken))], prefix)
 
 
+def test_tokenizer_folder_with_no_tokenizer_files(tmp_path, prefix, neighbour):
+    empty = tmp_path / "empty-tokenizer"
+    empty.mkdir()
+    text = fails_at_materialize("empty_tokenizer", [existing_tokenizer_step("tokenizers/empty", str(empty))], prefix)
+    assert "AttributeError" not in text
+
+
 def test_vocabulary_too_small(tmp_path, prefix, neighbour):
     data = url_download_step("raw/small", [folder(tmp_path, {"a.jsonl": '{"text": "hello"}\n'})])
     fails_at_materialize("vocab_too_small", [data, bpe_tokenizer_step("tokenizers/tiny", data, vocab_size=10,
@@ -340,7 +351,7 @@ def test_unencodable_hash_attrs_bad_names_duplicates_and_escaping_overrides():
 def test_placeless_overrides_merged_names_and_sweep_points():
     from marin_assets import build_definitions
     from marin_assets.pipeline.hello import stats_step
-    from marin_assets.pipeline.sweep import lr_model_sweep
+    from marin_assets.pipeline.reports.sweep import lr_model_sweep
 
     fails_at_definition("placeless_override", lambda: Step(name="raw/x", fn=print, override_output_path="gs://"))
     fails_at_definition("merged_names", lambda: build_definitions([Step(name="data/a-b", fn=print),

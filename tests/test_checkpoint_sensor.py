@@ -14,10 +14,11 @@ import fsspec
 import pytest
 
 from marin_assets import cli, materialize_step
-from marin_assets.core.status import Status, read_status
+from marin_assets.core.status import Status
 from marin_assets.core.step import walk
+from marin_assets.core.stores import read_status
 from marin_assets.dagster.checkpoint_evals import CHECKPOINT_TAG, partitions_of
-from marin_assets.pipeline.train import list_checkpoints, run_dir_of
+from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
 from resources import StorageResource
 from tests.support import automation_pipeline as auto
 from tests.support.helpers import BIN, ROOT, subprocess_env

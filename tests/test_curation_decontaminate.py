@@ -15,7 +15,7 @@ import pytest
 from marin_assets import Step, StepDefinitionError, materialize_step
 from marin_assets.core.checks import run_check
 from marin_assets.core.record import load_result, read_record
-from marin_assets.pipeline.curation import decontaminate as dc
+from marin_assets.pipeline.curation import eval_index
 from marin_assets.pipeline.curation.decontaminate import (
     CONTAMINATION_DIR,
     MARK_COLUMN,
@@ -24,8 +24,8 @@ from marin_assets.pipeline.curation.decontaminate import (
     SetHits,
     decontaminate,
     decontaminate_step,
-    hash_in_chunks,
 )
+from marin_assets.pipeline.curation.eval_index import hash_in_chunks
 from marin_assets.pipeline.curation.ngrams import ngram_hashes
 from marin_assets.pipeline.curation.normalize import normalize
 from marin_assets.pipeline.curation.shards import CurationError, list_shards
@@ -176,7 +176,7 @@ def test_hashing_in_chunks_changes_nothing(planted, decontaminated, tmp_path, mo
     """Text is hashed ~2 MB at a time (memory); in small chunks the hashes and the whole output are the same."""
     out, result = decontaminated
     paragraphs = [p for row in documents(planted.normalized) for p in row["text"].split("\n")]
-    monkeypatch.setattr(dc, "CHUNK_CHARACTERS", 2000)
+    monkeypatch.setattr(eval_index, "CHUNK_CHARACTERS", 2000)
     grams, offsets = hash_in_chunks(paragraphs, 13)
     expected = ngram_hashes(paragraphs, 13)
     assert len(offsets) == len(paragraphs) + 1 and (grams == expected[0]).all() and (offsets == expected[1]).all()
@@ -223,12 +223,12 @@ def test_two_workers_on_ray_give_the_same_output(planted, decontaminated, local_
 HANG_AFTER_FIRST_SHARD = """
 import time
 from marin_assets.pipeline.curation import decontaminate as dc
-decide = dc.decide
-def slow(plan, shard, table):
+decide = dc.Decontaminate.decide
+def slow(self, table, shard):
     if shard.key != {first!r}:
         time.sleep(600)  # a worker stuck on the second shard: the kill lands there
-    return decide(plan, shard, table)
-dc.decide = slow
+    return decide(self, table, shard)
+dc.Decontaminate.decide = slow
 dc.decontaminate({out!r}, {data!r}, {eval_sets!r})
 """
 

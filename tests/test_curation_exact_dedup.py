@@ -205,12 +205,12 @@ def test_two_workers_on_ray_give_the_same_output(planted, deduped, local_ray, tm
 SLOW_REWRITE = """
 import time
 from marin_assets.pipeline.curation import exact_dedup as ed
-rewrite = ed.rewrite_shard
+decide = ed.ExactDedup.decide
 def slow(*args):
-    outcome = rewrite(*args)
+    verdicts = decide(*args)
     time.sleep(0.3)  # a slow worker: the kill lands between shards of the last phase
-    return outcome
-ed.rewrite_shard = slow
+    return verdicts
+ed.ExactDedup.decide = slow
 ed.exact_dedup({out!r}, {data!r})
 """
 

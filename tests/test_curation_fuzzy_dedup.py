@@ -215,12 +215,12 @@ def test_two_workers_on_ray_give_the_same_output(planted, deduped, local_ray, tm
 SLOW_VERIFY = """
 import time
 from marin_assets.pipeline.curation import fuzzy_dedup as fd
-verify = fd._verify_shard
+verify = fd.verify_shard
 def slow(*args):
     outcome = verify(*args)
     time.sleep(0.3)  # a slow worker: the kill lands between verification tasks
     return outcome
-fd._verify_shard = slow
+fd.verify_shard = slow
 fd.fuzzy_dedup({out!r}, {data!r})
 """
 

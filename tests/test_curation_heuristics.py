@@ -3,7 +3,6 @@ recall per planted junk kind and false positives on real documentation; identity
 
 import collections
 import dataclasses
-import functools
 import pickle
 import re
 import shutil
@@ -19,13 +18,14 @@ from marin_assets.core.record import load_result, read_record
 from marin_assets.pipeline.curation import heuristics
 from marin_assets.pipeline.curation.heuristics import (
     RULE_NAMES,
+    HeuristicFilter,
     HeuristicResult,
     HeuristicRules,
     failing_rule,
     heuristic_filter,
     heuristic_filter_step,
 )
-from marin_assets.pipeline.curation.shards import CurationError, list_shards, write_shard
+from marin_assets.pipeline.curation.shards import CurationError, Shard, list_shards, write_shard
 from tests.support.curation import documents
 from tests.support.helpers import FAST
 
@@ -309,8 +309,8 @@ def test_rules_refuse_bad_thresholds():
 
 def test_the_shard_decision_pickles_for_ray_tasks():
     table = pa.table({"id": ["a", "b"], "text": [PROSE, "too short"], "source": ["a:1", "a:2"]})
-    decide = pickle.loads(pickle.dumps(functools.partial(heuristics.decide, HeuristicRules(gopher_stop_words=1))))
-    verdicts = decide(table)
+    chosen = pickle.loads(pickle.dumps(HeuristicFilter(HeuristicRules(gopher_stop_words=1))))
+    verdicts = chosen.decide(table, Shard("train", 0, "in-memory"))
     assert verdicts.removed == [None, "gopher_min_words"] and verdicts.counters["fails:gopher_min_words"] == 1
 
 

@@ -382,8 +382,8 @@ def test_bad_input_names_the_file_and_the_line_or_record(tmp_path):
 def test_the_step_materializes_and_its_output_feeds_the_tokenizer_and_tokenize(tmp_path, prefix):
     from marin_assets import Step, StepDefinitionError, load_result, materialize_step, read_record
     from marin_assets.pipeline.curation.html_to_text import HtmlToTextResult, html_to_text_step
-    from marin_assets.pipeline.tokenize import tokenize_step
-    from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
+    from marin_assets.pipeline.tokens.tokenize import tokenize_step
+    from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 
     raw = tmp_path / "crawl"
     raw.mkdir()

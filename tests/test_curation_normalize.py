@@ -137,9 +137,9 @@ def test_normalize_step_through_the_protocol_records_counts_and_passes_its_check
 
 
 def test_the_tokenize_step_reads_a_curated_output_like_any_dataset(planted, tmp_path):
-    from marin_assets.pipeline.text_files import find_splits
-    from marin_assets.pipeline.tokenize import tokenize
-    from marin_assets.pipeline.tokenizer import train_tokenizer
+    from marin_assets.pipeline.data.text_files import find_splits
+    from marin_assets.pipeline.tokens.tokenize import tokenize
+    from marin_assets.pipeline.tokens.tokenizer import train_tokenizer
 
     assert find_splits(planted.normalized) == {"train": ["train/*"], "validation": ["validation/*"]}
     tokenizer = train_tokenizer(str(tmp_path / "tok"), planted.normalized, vocab_size=300).path

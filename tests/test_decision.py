@@ -20,8 +20,9 @@ from marin_assets.core.materialize import (
     run_in_process,
 )
 from marin_assets.core.plan import plan
-from marin_assets.core.status import Status, StatusRecord, read_status, status_store
+from marin_assets.core.status import Status, StatusRecord
 from marin_assets.core.step import Step
+from marin_assets.core.stores import read_status, status_store
 
 SETTINGS = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.0, poll_interval=0.05)
 NOW = 1_000_000.0

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from marin_assets.pipeline.download import DownloadError, download_urls
+from marin_assets.pipeline.data.download import DownloadError, download_urls
 from tests.support.servers import serve_directory
 
 

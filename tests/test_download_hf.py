@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from marin_assets.pipeline.download import DownloadError, download_hf
+from marin_assets.pipeline.data.download import DownloadError, download_hf
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
 
 REPO = "user/tiny-stories"

@@ -16,8 +16,9 @@ from marin_assets.core.record import (
     read_record,
 )
 from marin_assets.core.results import StepResultError
-from marin_assets.core.status import Status, read_status, status_store
+from marin_assets.core.status import Status
 from marin_assets.core.step import Step
+from marin_assets.core.stores import read_status, status_store
 from marin_assets.pipeline.hello import Stats, numbers_step, stats_step
 from tests.support.helpers import FAST
 

@@ -16,18 +16,18 @@ from marin_assets.core.record import read_record
 from marin_assets.core.step import walk
 from marin_assets.dagster.metadata import result_metadata
 from marin_assets.dagster.plots import INLINE_LIMIT, MAX_SERIES, MIN_SERIES_POINTS, SQUARES, series_plot_markdown
-from marin_assets.pipeline.corpus import corpus_step
-from marin_assets.pipeline.evaluate import evaluate_step
-from marin_assets.pipeline.experiment_summary import (
+from marin_assets.pipeline.data.corpus import corpus_step
+from marin_assets.pipeline.evals.loss import evaluate_step
+from marin_assets.pipeline.reports.experiment_summary import (
     TABLE_FILE,
     ExperimentSummaryError,
     experiment_summary,
     experiment_summary_step,
 )
-from marin_assets.pipeline.specs import ModelSpec, TrainerSpec
-from marin_assets.pipeline.sweep import lr_model_sweep
-from marin_assets.pipeline.tokenize import tokenize_step
-from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
+from marin_assets.pipeline.reports.sweep import lr_model_sweep
+from marin_assets.pipeline.tokens.tokenize import tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
+from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
 
 XS = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
 S = ModelSpec(hidden_dim=48, intermediate_dim=96, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from marin_assets.core.lease import LeaseSettings
-from marin_assets.core.status import LocalStatusStore, Status, StatusRecord, read_status
+from marin_assets.core.status import Status, StatusRecord
+from marin_assets.core.stores import LocalStatusStore, read_status
 from marin_assets.execution.fanout import fan_out
 from marin_assets.execution.ray_runner import RemoteTraceback
 from tests.support.helpers import ROOT, subprocess_env

@@ -31,8 +31,9 @@ from marin_assets.core.lease import LeaseLostError, acquire
 from marin_assets.core.materialize import materialize_step
 from marin_assets.core.provenance import current_provenance
 from marin_assets.core.record import ArtifactRecord, read_record, write_record
-from marin_assets.core.status import Status, StatusRecord, read_status, status_store
+from marin_assets.core.status import Status, StatusRecord
 from marin_assets.core.step import Step, walk
+from marin_assets.core.stores import read_status, status_store
 from marin_assets.pipeline.hello import numbers_step, stats_step
 from tests.support.helpers import BIN, FAST, run_cli, subprocess_env
 

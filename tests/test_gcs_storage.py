@@ -6,8 +6,9 @@ import subprocess
 import fsspec
 
 from marin_assets import materialize_step, read_record
-from marin_assets.core.status import GCSStatusStore, Status, read_status
+from marin_assets.core.status import Status
 from marin_assets.core.step import walk
+from marin_assets.core.stores import GCSStatusStore, read_status
 from tests.support.gcs_emulator import emulator_env
 from tests.support.helpers import BIN, FAST, ROOT, subprocess_env
 from tests.support.lease_contract import (
@@ -49,7 +50,7 @@ def test_a_tokenize_step_writes_its_levanter_cache_to_gs(gs_prefix):
     assert cache["path"].startswith(gs_prefix) and cache["splits"]["train"]["tokens"] > 0
     fs = fsspec.filesystem("gs")
     assert fs.exists(f"{cache['path']}/train/shard_ledger.json")
-    from marin_assets.pipeline.tokenize import CACHE_NOT_EMPTY
+    from marin_assets.pipeline.tokens.tokenize import CACHE_NOT_EMPTY
 
     assert CACHE_NOT_EMPTY.fn(cache["path"], cache).passed
     again = materialize_step(pipeline["tokenized"], prefix=gs_prefix, settings=FAST)
@@ -85,7 +86,7 @@ def test_the_llm_pipeline_runs_on_gs_and_the_checkpoint_sensor_lists_checkpoints
     assert fs.exists(f"{result['hf_dir']}/config.json")  # the Hugging Face export, on GCS
     assert fs.exists(f"{outcome.output_path}/metrics.jsonl")
 
-    from marin_assets.pipeline.train import list_checkpoints, run_dir_of
+    from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
 
     assert list_checkpoints(run_dir_of(outcome.output_path)) == {s: False for s in CHECKPOINTS}
     assert list_checkpoints(run_dir_of(outcome.output_path), known=set(CHECKPOINTS)) == {}

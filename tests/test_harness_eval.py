@@ -12,23 +12,26 @@ import pytest
 from marin_assets import build_definitions, load_result, materialize_step
 from marin_assets.core.step import StepDefinitionError, walk
 from marin_assets.experiments import tiny_stories
-from marin_assets.pipeline.evaluate import CheckpointEvals, ExportResult
-from marin_assets.pipeline.harness import (
+from marin_assets.pipeline.evals.harness import (
     BOOTSTRAP_ITERS,
     RESULTS_FILE,
-    SHIPPED_TASKS_DIR,
-    HarnessCheckpointEvals,
     HarnessEvalError,
     HarnessResult,
-    HarnessTaskError,
     evaluate_harness,
+    harness_checkpoint_evals,
     harness_eval_step,
-    harness_model,
+)
+from marin_assets.pipeline.evals.harness_tasks import (
+    SHIPPED_TASKS_DIR,
+    HarnessTaskError,
     harness_task,
     shipped_tasks,
 )
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
-from marin_assets.pipeline.train import TrainResult
+from marin_assets.pipeline.evals.levanter_harness import harness_model
+from marin_assets.pipeline.evals.loss import loss_checkpoint_evals
+from marin_assets.pipeline.training.export import ExportResult
+from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=256)
 SHORT = TrainerSpec(num_train_steps=12, train_batch_size=4, checkpoint_every=5, steps_per_eval=6, max_eval_batches=2)
@@ -266,9 +269,9 @@ def test_every_checkpoint_is_a_partition_with_a_table_of_all(trained, local_ray,
     from resources import StorageResource
 
     pipeline, prefix, _ = trained
-    harness = HarnessCheckpointEvals("evals/h-harness-checkpoints", pipeline["train"], shipped_tasks(),
+    harness = harness_checkpoint_evals("evals/h-harness-checkpoints", pipeline["train"], shipped_tasks(),
                                      num_fewshot=1, limit=4)
-    losses = CheckpointEvals("evals/h-checkpoints", pipeline["train"], {"stories": pipeline["tokenized"]},
+    losses = loss_checkpoint_evals("evals/h-checkpoints", pipeline["train"], {"stories": pipeline["tokenized"]},
                              max_eval_batches=1)
     sensor = checkpoint_sensor([losses, harness])
     storage = StorageResource(prefix=prefix)

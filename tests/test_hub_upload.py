@@ -19,22 +19,24 @@ import pytest
 from marin_assets import load_result, materialize_step
 from marin_assets.core.checks import run_check
 from marin_assets.core.record import RecordNotAvailableError, read_record
-from marin_assets.core.status import Status, read_status
-from marin_assets.pipeline.corpus import corpus_step
-from marin_assets.pipeline.download import download_hf
-from marin_assets.pipeline.evaluate import export_step
-from marin_assets.pipeline.hub_upload import (
+from marin_assets.core.status import Status
+from marin_assets.core.stores import read_status
+from marin_assets.pipeline.data.corpus import corpus_step
+from marin_assets.pipeline.data.download import download_hf
+from marin_assets.pipeline.data.hub_upload import (
     BRANCH_HOLDS_FILES,
     HubUpload,
     HubUploadError,
     hub_upload_step,
     upload_to_hub,
 )
-from marin_assets.pipeline.pretokenized import pretokenized_step
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
-from marin_assets.pipeline.tokenize import TokenizedCache, TokenizerMismatchError, tokenize_step
-from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
-from marin_assets.pipeline.train import TrainResult, train_step
+from marin_assets.pipeline.tokens.pretokenized import pretokenized_step
+from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizerMismatchError, tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
+from marin_assets.pipeline.training.export import export_step
+from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from tests.support.helpers import output_files
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
 

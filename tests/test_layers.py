@@ -77,7 +77,7 @@ def test_the_protocol_and_library_build_hash_plan_and_run_without_dagster_or_ray
         from marin_assets.core.plan import plan
         from marin_assets.core.step import walk
         from marin_assets.experiments import hello_world, python_docs, tiny_stories
-        from marin_assets.pipeline.python_docs import PythonBuild
+        from marin_assets.pipeline.data.python_docs import PythonBuild
         steps = walk(hello_world.steps + python_docs.steps)
         prefix = os.environ["MARIN_PREFIX"]
         before = {r.asset_key: r.action for r in plan(steps, {s.name for s in steps}, prefix)}
@@ -96,7 +96,8 @@ def test_the_protocol_and_library_build_hash_plan_and_run_without_dagster_or_ray
                           "report": str(load_result(hello_world.report)),
                           "heavy": sorted(m for m in ("dagster", "ray", "levanter", "jax") if m in sys.modules)}))
     ''', "dagster,ray,dagster_gcp,dagster_postgres,dagster_webserver", tmp_path)
-    assert "marin_assets.core.step" in found["modules"] and "marin_assets.pipeline.train" in found["modules"]
+    assert "marin_assets.core.step" in found["modules"]
+    assert "marin_assets.pipeline.training.pretrain" in found["modules"]
     assert found["heavy"] == []
     assert found["hashes"] == DEMO_IDENTITIES and found["stories"] == STORIES_IDENTITIES
     assert found["demo_python"]  # the demo itself is defined for the running Python's documentation

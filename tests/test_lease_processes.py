@@ -10,7 +10,8 @@ import time
 import pytest
 
 from marin_assets.core.record import RecordNotAvailableError, read_record
-from marin_assets.core.status import Status, read_status
+from marin_assets.core.status import Status
+from marin_assets.core.stores import read_status
 from tests.support.helpers import ROOT, subprocess_env
 
 WORKER = str(ROOT / "tests" / "support" / "lease_worker.py")

@@ -17,16 +17,14 @@ import pytest
 from marin_assets import StepDefinitionError, build_definitions, load_result, materialize_step
 from marin_assets.core.step import walk
 from marin_assets.experiments import python_docs, tiny_stories
-from marin_assets.pipeline.evaluate import EvalResult, evaluate_lm, evaluate_step, export_hf
-from marin_assets.pipeline.python_docs import PythonDocs
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, SpecError, TrainerSpec
-from marin_assets.pipeline.tokenize import TokenizedCache, tokenize
-from marin_assets.pipeline.train import (
-    TrainResult,
-    checkpoint_steps,
-    train_lm,
-    train_step,
-)
+from marin_assets.pipeline.data.python_docs import PythonDocs
+from marin_assets.pipeline.evals.loss import EvalResult, evaluate_lm, evaluate_step
+from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenize
+from marin_assets.pipeline.training.checkpoints import checkpoint_steps
+from marin_assets.pipeline.training.export import export_hf
+from marin_assets.pipeline.training.pretrain import train_lm, train_step
+from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, SpecError, TrainerSpec
 from tests.support.helpers import ROOT, corpus_and_tokenizer, subprocess_env
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
@@ -181,7 +179,7 @@ def test_gpt2_trains_and_exports_offline(cache, tmp_path):
 
 
 def test_a_sweep_expands_a_grid_sharing_the_tokenized_cache():
-    from marin_assets.pipeline.sweep import lr_model_sweep
+    from marin_assets.pipeline.reports.sweep import lr_model_sweep
 
     base = small_pipeline()
     models = {"xs": TINY, "s": ModelSpec(hidden_dim=64, intermediate_dim=128, num_layers=2, num_heads=2,

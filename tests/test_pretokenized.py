@@ -14,12 +14,13 @@ import pytest
 
 from marin_assets import StepDefinitionError, load_result, materialize_step
 from marin_assets.core.record import RecordNotAvailableError, read_record
-from marin_assets.core.status import Status, read_status
-from marin_assets.pipeline.corpus import corpus_step
-from marin_assets.pipeline.pretokenized import pretokenized_step
-from marin_assets.pipeline.tokenize import TokenizedCache, TokenizeStep, tokenize_step
-from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
-from marin_assets.pipeline.train import train_step
+from marin_assets.core.status import Status
+from marin_assets.core.stores import read_status
+from marin_assets.pipeline.data.corpus import corpus_step
+from marin_assets.pipeline.tokens.pretokenized import pretokenized_step
+from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep, tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
+from marin_assets.pipeline.training.pretrain import train_step
 from tests.support.helpers import output_files
 
 
@@ -93,7 +94,7 @@ def _write(split: str, array: str, index: int, value: int):
     def mutate(src: Path) -> None:
         import numpy as np
 
-        from marin_assets.pipeline import levanter_cache as lc
+        from marin_assets.pipeline.tokens import levanter_cache as lc
 
         store = lc.open_store({"input_ids": np.zeros((0,), dtype=np.int32)}, str(src / split), mode="a")
         getattr(store.tree["input_ids"], array)[index].write(value).result()
@@ -164,9 +165,9 @@ def test_a_chat_cache_comes_back_as_a_chat_cache_with_its_masks_verified(made, t
     tokens, so training reads it in Levanter's chat format; a mask that is not 0/1 is refused."""
     import numpy as np
 
-    from marin_assets.pipeline import levanter_cache as lc
-    from marin_assets.pipeline.chat import chat_tokenize
-    from marin_assets.pipeline.levanter_configs import cache_format
+    from marin_assets.pipeline.tokens import levanter_cache as lc
+    from marin_assets.pipeline.tokens.chat import chat_tokenize
+    from marin_assets.pipeline.training.levanter_data import cache_format
     from tests.support.chat import write_chat_dataset
 
     tokenizer = made.tokenizer.output_path_under(made.prefix)

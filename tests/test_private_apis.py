@@ -2,7 +2,8 @@
 
 Each test names the private function in its failure message: when an upgrade changes one, it fails here,
 loudly and by name, rather than as a corrupt cache or a schedule that never fires. The private calls
-themselves live in one place each: `marin_assets/pipeline/levanter_cache.py` (Levanter),
+themselves live in one place each: `marin_assets/pipeline/tokens/levanter_cache.py` and
+`marin_assets/pipeline/evals/levanter_harness.py` (Levanter),
 `marin_assets/dagster/schedules.py::stale_or_missing` (Dagster), `resources/ray.py::session_dir` (Ray).
 """
 
@@ -17,7 +18,7 @@ import sys
 import dagster as dg
 import pytest
 
-from marin_assets.pipeline import levanter_cache as lc
+from marin_assets.pipeline.tokens import levanter_cache as lc
 from tests.support.helpers import ROOT, subprocess_env
 
 EOS = "<|endoftext|>"
@@ -66,12 +67,14 @@ B = [[6, 7, 8, 9]]
 def test_pinned_versions_are_the_installed_ones():
     """The private calls below were checked against these versions; an upgrade must re-check them."""
     assert importlib.metadata.version("levanter") == lc.LEVANTER_VERSION, "levanter moved: review levanter_cache.py"
+    assert importlib.metadata.version("jax") == lc.JAX_VERSION, \
+        "jax moved: does its tensorstore spec builder know s3:// now? review refuse_unsupported_array_store"
     assert importlib.metadata.version("dagster") == "1.13.27", "dagster moved: review schedules.stale_or_missing"
     assert importlib.metadata.version("ray") == "2.60.0", "ray moved: review resources/ray.py::session_dir"
 
 
 def test_importing_tokenize_does_not_import_levanter_or_jax():
-    code = ("import sys, marin_assets.pipeline.tokenize, marin_assets.pipeline.levanter_cache\n"
+    code = ("import sys, marin_assets.pipeline.tokens.tokenize, marin_assets.pipeline.tokens.levanter_cache\n"
             "print(sorted(m for m in ('levanter', 'jax', 'haliax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True,
                          text=True, timeout=120, check=True).stdout.strip()
@@ -190,3 +193,26 @@ def test_session_dir_is_the_embedded_rays_session_folder(local_ray):
     assert sockets and all(os.path.realpath(s).startswith(os.path.realpath(path) + os.sep) for s in sockets), \
         f"RuntimeContext.get_temp_dir()/get_session_name() no longer name this Ray's session folder ({sockets})"
     assert os.path.basename(path).startswith("session_") and os.path.isdir(os.path.join(path, "logs"))
+
+
+def test_the_harness_model_uses_LmEvalHarnessWorker_and_LevanterHarnessLM_as_they_were():
+    """`evals/levanter_harness.py` builds Levanter's private `_LmEvalHarnessWorker` and subclasses
+    `LevanterHarnessLM`, reading the leader's `EvalPos`, `EvalBatch`, `max_packed_segments` and calling
+    `dispatch_loglikelihood` (scores as lm-eval's own run, in tests/test_harness_eval.py)."""
+    import inspect
+
+    from levanter.eval_harness import LevanterHarnessLM, _LmEvalHarnessWorker
+
+    from marin_assets.pipeline.evals.levanter_harness import lm_class
+
+    worker = inspect.signature(_LmEvalHarnessWorker.__init__).parameters
+    assert list(worker)[1:7] == ["EvalBatch", "EvalPos", "model", "axis_resources", "tokenizer", "mp"], \
+        f"_LmEvalHarnessWorker's constructor changed: {list(worker)}"
+    assert "max_packed_segments" in worker, "_LmEvalHarnessWorker no longer takes max_packed_segments"
+    assert callable(getattr(_LmEvalHarnessWorker, "dispatch_loglikelihood", None)), \
+        "_LmEvalHarnessWorker.dispatch_loglikelihood is gone"
+    ours = lm_class()
+    assert issubclass(ours, LevanterHarnessLM)
+    for overridden in ("_loglikelihood_tokens", "loglikelihood", "tok_encode"):
+        assert any(overridden in vars(c) for c in LevanterHarnessLM.__mro__ if c is not object), \
+            f"LevanterHarnessLM.{overridden}, which our harness model overrides, is gone"

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from marin_assets.pipeline import python_docs as pd
-from marin_assets.pipeline.python_docs import (
+from marin_assets.pipeline.data import python_docs as pd
+from marin_assets.pipeline.data.python_docs import (
     PythonBuild,
     PythonDocsError,
     clean,
@@ -20,7 +20,7 @@ from marin_assets.pipeline.python_docs import (
     python_documents,
     split_documents,
 )
-from marin_assets.pipeline.text_files import expand_files, iter_documents
+from marin_assets.pipeline.data.text_files import expand_files, iter_documents
 
 PACKAGE_INIT = '''
 """A package whose docstring is long enough to keep as a document."""

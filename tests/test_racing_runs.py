@@ -8,7 +8,8 @@ from collections import Counter
 import dagster as dg
 
 from marin_assets.core.record import read_record
-from marin_assets.core.status import Status, read_status
+from marin_assets.core.status import Status
+from marin_assets.core.stores import read_status
 from tests.support.helpers import BIN, ROOT, subprocess_env
 
 DEFS = textwrap.dedent("""

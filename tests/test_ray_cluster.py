@@ -18,7 +18,8 @@ import fsspec
 import psutil
 import pytest
 
-from marin_assets.core.status import Status, read_status
+from marin_assets.core.status import Status
+from marin_assets.core.stores import read_status
 from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env
 from tests.support.servers import free_port
 

@@ -13,7 +13,8 @@ import pytest
 from marin_assets import Resources, Step, build_definitions
 from marin_assets.core.lease import LeaseLostError
 from marin_assets.core.materialize import materialize_step
-from marin_assets.core.status import Status, read_status
+from marin_assets.core.status import Status
+from marin_assets.core.stores import read_status
 from marin_assets.execution.ray_runner import RemoteTraceback, run_on_ray
 from marin_assets.execution.requests import InfeasibleRequestError, RayRequest
 from resources import RayResource

@@ -20,8 +20,9 @@ import numpy as np
 import psutil
 import pytest
 
-from marin_assets.core.status import Status, read_status
-from marin_assets.pipeline.tokenize import tokenize
+from marin_assets.core.status import Status
+from marin_assets.core.stores import read_status
+from marin_assets.pipeline.tokens.tokenize import tokenize
 from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
 from tests.support.servers import free_port
 from tests.test_ray_cluster import kill_ray_processes_under

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from marin_assets.pipeline.text_files import (
+from marin_assets.pipeline.data.text_files import (
     DatasetError,
     expand_files,
     find_splits,
@@ -161,7 +161,7 @@ def corrupt_row_group(file: Path, index: int) -> None:
 MEMORY_PROBE = """
 import sys, tracemalloc
 import pyarrow as pa, pyarrow.compute, pyarrow.parquet  # imported before tracing: only the reading counts
-from marin_assets.pipeline.readers import iter_text_batches
+from marin_assets.pipeline.data.readers import iter_text_batches
 tracemalloc.start()
 n = longest = 0
 for batch in iter_text_batches(sys.argv[1], batch_size=256):

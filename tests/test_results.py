@@ -18,10 +18,11 @@ import pytest
 from marin_assets.core.materialize import materialize_step
 from marin_assets.core.record import RECORD_FILE, load_result
 from marin_assets.core.results import StepResultError, from_jsonable
-from marin_assets.core.status import Status, read_status
+from marin_assets.core.status import Status
 from marin_assets.core.step import Step
-from marin_assets.pipeline.specs import ModelSpec
-from marin_assets.pipeline.train import TrainResult
+from marin_assets.core.stores import read_status
+from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.specs import ModelSpec
 from tests.support.helpers import FAST
 
 

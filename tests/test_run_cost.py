@@ -15,24 +15,23 @@ from marin_assets.core.record import read_record, record_path
 from marin_assets.core.results import from_jsonable, to_jsonable
 from marin_assets.core.step import walk
 from marin_assets.dagster.metadata import result_metadata
-from marin_assets.pipeline.corpus import corpus_step
-from marin_assets.pipeline.evaluate import evaluate_step
-from marin_assets.pipeline.levanter_configs import SUMMARY_STEP, read_metrics
-from marin_assets.pipeline.run_cost import (
-    TABLE_FILE,
+from marin_assets.pipeline.data.corpus import corpus_step
+from marin_assets.pipeline.evals.loss import evaluate_step
+from marin_assets.pipeline.reports.run_costs import TABLE_FILE, RunCostTable, every_run_costed, run_costs_step
+from marin_assets.pipeline.tokens.tokenize import tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
+from marin_assets.pipeline.training.cost import (
     RunCostError,
-    RunCostTable,
     compute_dtype,
     datasheet_peak,
     device_peak,
-    every_run_costed,
     run_cost,
-    run_costs_step,
 )
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
-from marin_assets.pipeline.tokenize import tokenize_step
-from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
-from marin_assets.pipeline.train import METRICS_FILE, TrainResult, TrainStep, train_step
+from marin_assets.pipeline.training.levanter_trainer import SUMMARY_STEP, read_metrics
+from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.runner import METRICS_FILE
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
 TRAINER = TrainerSpec(num_train_steps=8, train_batch_size=4, checkpoint_every=4, steps_per_eval=4, max_eval_batches=1)
@@ -111,7 +110,7 @@ def test_tokens_per_second_mfu_and_device_hours_follow_from_the_run(run):
 
 def test_wall_time_counts_every_attempt_and_a_finished_run_adds_none(run, tmp_path):
     from marin_assets.core.paths import using_prefix
-    from marin_assets.pipeline.train import ATTEMPTS_FILE, training_seconds
+    from marin_assets.pipeline.training.runner import ATTEMPTS_FILE, training_seconds
 
     first = run.result.cost.wall_seconds
     assert first > 0 and run.result.train_seconds == pytest.approx(first)
@@ -223,7 +222,7 @@ def test_a_cost_table_needs_a_training_step(run):
 
 def test_a_sweeps_cost_table_is_an_asset_over_its_training_runs(run):
     from marin_assets import build_definitions
-    from marin_assets.pipeline.sweep import lr_model_sweep
+    from marin_assets.pipeline.reports.sweep import lr_model_sweep
 
     sweep = lr_model_sweep("tiny", {"stories": run.tokenized}, {"a": TINY}, [1e-3, 3e-3], TRAINER)
     table = run_costs_step("reports/tiny-costs", sweep)

@@ -8,15 +8,9 @@ import fsspec
 import pytest
 
 from marin_assets import materialize_step, read_record
-from marin_assets.core.status import (
-    ConditionalWritesUnsupportedError,
-    S3StatusStore,
-    Status,
-    StatusRecord,
-    read_status,
-    status_store,
-)
+from marin_assets.core.status import Status, StatusRecord
 from marin_assets.core.step import Step
+from marin_assets.core.stores import ConditionalWritesUnsupportedError, S3StatusStore, read_status, status_store
 from tests.support.helpers import FAST, subprocess_env
 from tests.support.lease_contract import (
     racing_processes_compute_once,

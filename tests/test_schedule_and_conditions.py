@@ -9,7 +9,7 @@ from marin_assets import FORCE_TAG, build_definitions
 from marin_assets.core.plan import plan
 from marin_assets.core.step import Step
 from marin_assets.dagster import automate, automation_sensor, unsynced_schedule
-from marin_assets.pipeline.download import url_download_step
+from marin_assets.pipeline.data.download import url_download_step
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
 from resources import StorageResource
 

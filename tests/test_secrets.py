@@ -19,7 +19,7 @@ SECRETS = [HF_TOKEN, AWS_SECRET, GCP_KEY]
 
 DEFS = textwrap.dedent("""
     from marin_assets import build_definitions
-    from marin_assets.pipeline.download import hf_download_step
+    from marin_assets.pipeline.data.download import hf_download_step
     from marin_assets.pipeline.hello import numbers_step
 
     defs = build_definitions([hf_download_step("raw/private", "user/private", "main"),

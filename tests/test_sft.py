@@ -15,21 +15,24 @@ import pytest
 
 from marin_assets import Step, StepDefinitionError, build_definitions, load_result, materialize_step
 from marin_assets.core.step import walk
-from marin_assets.pipeline import chat as chat_module
-from marin_assets.pipeline.chat import (
+from marin_assets.pipeline.data.readers import DatasetError
+from marin_assets.pipeline.evals.loss import EvalResult, evaluate_lm, evaluate_step
+from marin_assets.pipeline.tokens import chat as chat_module
+from marin_assets.pipeline.tokens.chat import (
     DEFAULT_CHAT_TEMPLATE,
     ChatTemplateError,
     chat_template_for,
     chat_tokenize_step,
     tokenize_chat_files,
 )
-from marin_assets.pipeline.evaluate import EvalResult, ExportResult, evaluate_lm, evaluate_step, export_step
-from marin_assets.pipeline.readers import DatasetError
-from marin_assets.pipeline.sft import sft_step
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
-from marin_assets.pipeline.tokenize import TokenizedCache, tokenize_step
-from marin_assets.pipeline.tokenizer import bpe_tokenizer_step, load_hf_tokenizer
-from marin_assets.pipeline.train import TrainResult, from_checkpoint, from_hf, train_step
+from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step, load_hf_tokenizer
+from marin_assets.pipeline.training.export import ExportResult, export_step
+from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.sft import sft_step
+from marin_assets.pipeline.training.sources import from_checkpoint, from_hf
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from tests.support.chat import (
     assistant_positions,
     conversations,
@@ -96,7 +99,7 @@ def levanter_chat_examples(pipeline, seq_len: int = 512):
     import haliax as hax
     from levanter.data.text import MultiturnChatDataset
 
-    from marin_assets.pipeline.levanter_configs import data_config
+    from marin_assets.pipeline.training.levanter_data import data_config
 
     cache = pipeline.result(pipeline.chat, TokenizedCache)
     config = data_config(pipeline.path(pipeline.bpe), {"chat": cache.path}, {"chat": 1.0})
@@ -155,7 +158,7 @@ def test_both_forms_read_alike_and_the_default_template_is_identity(pipeline, tm
     for name in ("openai.jsonl", "sharegpt.parquet"):
         cache = str(tmp_path / f"cache-{name}")
         assert tokenize_chat_files([str(tmp_path / name)], cache, processor)[0] == 6
-        from marin_assets.pipeline import levanter_cache as lc
+        from marin_assets.pipeline.tokens import levanter_cache as lc
         store = lc.open_store(processor.output_exemplar, cache, mode="r")
         rows[name] = [(store[i]["input_ids"].tolist(), store[i]["assistant_masks"].tolist()) for i in range(6)]
     assert rows["openai.jsonl"] == rows["sharegpt.parquet"]
@@ -226,7 +229,7 @@ def test_a_bad_conversation_names_its_row_and_a_fixed_file_resumes(pipeline, tmp
     with pytest.raises(DatasetError, match=r"b\.parquet, row 38: turn 2 has from 'bot', not one of 'system',"
                                            r" 'human', 'gpt'"):
         tokenize_chat_files(files, cache, processor)
-    from marin_assets.pipeline import levanter_cache as lc
+    from marin_assets.pipeline.tokens import levanter_cache as lc
     ledger = lc.load_ledger(cache)
     assert (ledger.total_num_rows, len(ledger.finished_shards), ledger.is_finished) == (5, 1, False)
 

@@ -16,7 +16,7 @@ from marin_assets import FORCE_TAG, build_definitions, read_record
 from marin_assets.core.step import Step
 from marin_assets.dagster import source_sensor
 from marin_assets.dagster.source_sensor import SOURCE_VERSION_TAG
-from marin_assets.pipeline.download import hf_download_step, url_download_step
+from marin_assets.pipeline.data.download import hf_download_step, url_download_step
 from resources import StorageResource
 from tests.support.helpers import calls, record_call
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub

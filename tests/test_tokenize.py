@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from marin_assets.pipeline.text_files import DatasetError, expand_files
-from marin_assets.pipeline.tokenize import TokenizerMismatchError, tokenize
-from marin_assets.pipeline.tokenizer import load_hf_tokenizer, train_tokenizer
+from marin_assets.pipeline.data.text_files import DatasetError, expand_files
+from marin_assets.pipeline.tokens.tokenize import TokenizerMismatchError, tokenize
+from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer, train_tokenizer
 from tests.support.helpers import ROOT, corpus_and_tokenizer, subprocess_env
 
 
@@ -40,7 +40,7 @@ def test_tokenize_counts_match_the_tokenizer(inputs, tmp_path):
     assert result.splits["validation"].documents == 200
     rows = read_tokens(str(tmp_path / "c" / "validation"), tok)
     hf = load_hf_tokenizer(tok)
-    from marin_assets.pipeline.text_files import iter_documents
+    from marin_assets.pipeline.data.text_files import iter_documents
 
     texts = [t for _, _, t in iter_documents(expand_files(raw, ["validation/*"]))]
     assert len(rows) == 200
@@ -74,11 +74,11 @@ def test_killed_tokenize_resumes_instead_of_restarting(inputs, tmp_path, monkeyp
     assert not (out / "validation" / "shard_ledger.json").exists()
 
     # The resumed run reads only the files the killed one had not finished, and continues the cache.
-    import marin_assets.pipeline.tokenize as tokenize_module
+    import marin_assets.pipeline.tokens.cache_writer as writer_module
 
-    appended, append = [], tokenize_module._append_file
-    monkeypatch.setattr(tokenize_module, "_append_file", lambda file, *a, **k: (appended.append(file),
-                                                                                 append(file, *a, **k))[1])
+    appended, append = [], writer_module._append_file
+    monkeypatch.setattr(writer_module, "_append_file", lambda file, *a, **k: (appended.append(file),
+                                                                               append(file, *a, **k))[1])
     result = tokenize(str(out), raw, tok, rows_per_commit=200)  # resume in this process
     files = expand_files(raw, ["train/*"])
     assert [f for f in appended if f in files] == files[len(done_before):]
@@ -124,8 +124,9 @@ def test_files_fan_out_to_ray_tasks_with_identical_output(inputs, tmp_path, loca
 
 def test_bad_input_through_the_step_names_the_asset_and_leaves_no_success(inputs, tmp_path, prefix):
     from marin_assets.core.materialize import materialize_step
-    from marin_assets.core.status import Status, read_status
+    from marin_assets.core.status import Status
     from marin_assets.core.step import Step
+    from marin_assets.core.stores import read_status
     from tests.support.helpers import FAST
 
     _, tok, _ = inputs

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from marin_assets.core.step import Step, StepDefinitionError
-from marin_assets.pipeline.encoders import choose_backend
-from marin_assets.pipeline.text_files import expand_files, iter_documents
-from marin_assets.pipeline.tokenize import TokenizerMismatchError, tokenize, tokenize_step
-from marin_assets.pipeline.tokenizer import adopt_tokenizer, load_hf_tokenizer
+from marin_assets.pipeline.data.text_files import expand_files, iter_documents
+from marin_assets.pipeline.tokens.encoders import choose_backend
+from marin_assets.pipeline.tokens.tokenize import TokenizerMismatchError, tokenize, tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import adopt_tokenizer, load_hf_tokenizer
 from tests.support.real_tokenizers import (
     CL100K_GAP,
     CL100K_MAX_ID,
@@ -29,7 +29,7 @@ SPECIAL_TEXT = "An end marker in the middle: <|endoftext|> and on."
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory):
     """A small generated corpus plus one document holding a special token's text."""
-    from marin_assets.pipeline.corpus import generate_corpus
+    from marin_assets.pipeline.data.corpus import generate_corpus
 
     root = tmp_path_factory.mktemp("real-tok")
     generate_corpus(str(root / "raw"), train_documents=600, validation_documents=40, seed=3, shards=2)

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from marin_assets.pipeline.corpus import generate_corpus
-from marin_assets.pipeline.text_files import DatasetError
-from marin_assets.pipeline.tokenizer import (
+from marin_assets.pipeline.data.corpus import generate_corpus
+from marin_assets.pipeline.data.text_files import DatasetError
+from marin_assets.pipeline.tokens.tokenizer import (
     TokenizerError,
     adopt_tokenizer,
     load_hf_tokenizer,

@@ -14,13 +14,14 @@ from pathlib import Path
 import dagster as dg
 
 from marin_assets.core.record import read_record
-from marin_assets.pipeline.corpus import corpus_step
-from marin_assets.pipeline.levanter_configs import read_metrics
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
-from marin_assets.pipeline.tokenize import tokenize_step
-from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
-from marin_assets.pipeline.tracking import Tracking
-from marin_assets.pipeline.train import METRICS_FILE, train_step
+from marin_assets.pipeline.data.corpus import corpus_step
+from marin_assets.pipeline.tokens.tokenize import tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
+from marin_assets.pipeline.training.levanter_trainer import read_metrics
+from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.runner import METRICS_FILE
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.tracking import Tracking
 from tests.support.helpers import BIN, ROOT, subprocess_env
 from tests.test_secrets import files_containing
 

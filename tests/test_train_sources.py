@@ -19,21 +19,20 @@ from marin_assets import Resources, Step, StepDefinitionError, load_result, mate
 from marin_assets.core.paths import using_prefix
 from marin_assets.core.record import read_record
 from marin_assets.core.step import walk
-from marin_assets.pipeline.corpus import corpus_step
-from marin_assets.pipeline.evaluate import EvalResult, evaluate_step, export_step
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TokenBudget, TrainerSpec
-from marin_assets.pipeline.tokenize import TokenizedCache, tokenize, tokenize_step
-from marin_assets.pipeline.tokenizer import bpe_tokenizer_step, existing_tokenizer_step, train_tokenizer
-from marin_assets.pipeline.train import (
-    TrainDataError,
-    TrainResult,
-    TrainSourceError,
-    from_checkpoint,
-    from_hf,
-    platform_for,
-    train_step,
-    training_data_config,
+from marin_assets.pipeline.data.corpus import corpus_step
+from marin_assets.pipeline.evals.loss import EvalResult, evaluate_step
+from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenize, tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import (
+    bpe_tokenizer_step,
+    existing_tokenizer_step,
+    train_tokenizer,
 )
+from marin_assets.pipeline.training.export import export_step
+from marin_assets.pipeline.training.pretrain import TrainDataError, train_step, training_data_config
+from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.runner import platform_for
+from marin_assets.pipeline.training.sources import TrainSourceError, from_checkpoint, from_hf
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TokenBudget, TrainerSpec
 from tests.support.helpers import ROOT, subprocess_env
 from tests.support.real_tokenizers import CL100K_GAP, CL100K_MAX_ID, cl100k_folder
 
@@ -115,7 +114,7 @@ def levanter_data(pipeline, weights, budget=None, steps=12):
 
 
 def digit_ids(pipeline) -> set[int]:
-    from marin_assets.pipeline.tokenizer import load_hf_tokenizer
+    from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer
 
     vocab = load_hf_tokenizer(pipeline.bpe.output_path_under(pipeline.prefix)).get_vocab()
     return {i for token, i in vocab.items() if any(c.isdigit() for c in token)}
@@ -127,8 +126,8 @@ def test_levanter_sees_the_model_vocabulary_and_ids_without_a_token_as_zero_byte
     from levanter.utils.hf_utils import byte_length_of_token
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from marin_assets.pipeline.levanter_configs import model_vocab_view
-    from marin_assets.pipeline.tokenizer import load_hf_tokenizer, model_vocab_size
+    from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer, model_vocab_size
+    from marin_assets.pipeline.training.levanter_model import model_vocab_view
 
     folder = cl100k_folder(tmp_path / "cl100k")
     tokenizer = load_hf_tokenizer(folder)
@@ -401,7 +400,7 @@ def test_a_gpu_step_trains_on_cuda_and_says_so_when_jax_has_no_cuda(pipeline, tm
     assert gpu.hash == cpu.hash  # hardware is not identity
     assert platform_for(gpu.resources) == "cuda" and platform_for(cpu.resources) is None
     assert platform_for(Resources(tpu_type="v5e-8")) == "tpu"
-    from marin_assets.pipeline.sweep import lr_model_sweep
+    from marin_assets.pipeline.reports.sweep import lr_model_sweep
 
     sweep = lr_model_sweep("gpu-sweep", {"stories": pipeline.tok_stories}, {"tiny": TINY}, [1e-2], trainer=SHORT,
                            gpu=1, budget=TokenBudget(train_tokens=5 * PER_BATCH))

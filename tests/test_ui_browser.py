@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from marin_assets.dagster.plots import SQUARES
-from marin_assets.pipeline.train import list_checkpoints, run_dir_of
+from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
 from tests.support import ui_definitions as ui
 from tests.support.browser import dagster_dev_page
 from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
@@ -197,7 +197,7 @@ def test_the_graph_shows_every_stage_and_asset(ui_server):
     page.set_viewport_size({"width": 1800, "height": 1100})
     node = ui_server.node("tokenized/tiny-stories-bpe")
     assert node["groupName"] == "tokenized" and set(node["kinds"]) == {"tokenize", "levanter", "ray"}
-    assert "Made by `marin_assets.pipeline.tokenize.tokenize`" in node["description"]
+    assert "Made by `marin_assets.pipeline.tokens.tokenize.tokenize`" in node["description"]
 
 
 def test_an_asset_page_tells_what_the_training_made(ui_server):

@@ -14,10 +14,10 @@ from marin_assets.core.results import to_jsonable
 from marin_assets.dagster.drift import drifts_from_instance
 from marin_assets.dagster.metadata import result_metadata
 from marin_assets.dagster.plots import INLINE_LIMIT, MAX_POINTS, line_plot_markdown
-from marin_assets.pipeline.download import FILES_MATCH_RECORD, download_urls
-from marin_assets.pipeline.evaluate import EvalResult, every_set_evaluated
+from marin_assets.pipeline.data.download import FILES_MATCH_RECORD, download_urls
+from marin_assets.pipeline.evals.loss import EvalResult, every_set_evaluated
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
-from marin_assets.pipeline.train import LOSS_FELL
+from marin_assets.pipeline.training.run import LOSS_FELL
 from resources import StorageResource
 
 

@@ -14,19 +14,20 @@ import pytest
 from marin_assets import StepDefinitionError, load_result, materialize_step
 from marin_assets.core.checks import run_check
 from marin_assets.core.step import walk
-from marin_assets.pipeline.corpus import corpus_step
-from marin_assets.pipeline.download import Download, DownloadError
-from marin_assets.pipeline.evaluate import EvalResult, evaluate_step
-from marin_assets.pipeline.python_docs import pydoc_topics
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
-from marin_assets.pipeline.tokenize import TokenizedCache, tokenize_step
-from marin_assets.pipeline.tokenizer import bpe_tokenizer_step
-from marin_assets.pipeline.train import TrainResult, train_step
-from marin_assets.pipeline.validation_suite import (
+from marin_assets.pipeline.data.corpus import corpus_step
+from marin_assets.pipeline.data.download import Download, DownloadError
+from marin_assets.pipeline.data.python_docs import pydoc_topics
+from marin_assets.pipeline.evals.loss import EvalResult, evaluate_step
+from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
+from marin_assets.pipeline.tokens.validation_suite import (
     hf_validation_suite,
     unmatched_globs,
     url_validation_suite,
 )
+from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
 
 REPO = "eval-org/held-out"

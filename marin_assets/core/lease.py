@@ -6,8 +6,8 @@ or take the lease (compare-and-swap) from nothing, a stale holder, `FAILED`, or 
 being recomputed.
 
 A `Lease` renews its heartbeat in a thread; every renewal and the final `SUCCESS`/`FAILED`
-are compare-and-swaps against what the holder last wrote, so a holder that lost its lease
-learns it and never marks success.
+are compare-and-swaps against the generation the holder last wrote (`core/stores/`), so a
+holder that lost its lease learns it and never marks success.
 """
 
 from __future__ import annotations
@@ -20,13 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from marin_assets.core.decision import Action, decide
-from marin_assets.core.status import (
-    Status,
-    StatusRecord,
-    StatusStore,
-    Version,
-    new_holder_id,
-)
+from marin_assets.core.status import Status, StatusRecord, new_holder_id
+from marin_assets.core.stores import Generation, StatusStore
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +62,12 @@ class Cached:
 class Lease:
     """The right to compute one output, held until `finish`."""
 
-    def __init__(self, store: StatusStore, record: StatusRecord, version: Version,
+    def __init__(self, store: StatusStore, record: StatusRecord, generation: Generation,
                  settings: LeaseSettings, took_over: StatusRecord | None, waited_s: float, reason: str = ""):
         self.store = store
         self.record = record
-        self.version = version
+        self.generation = generation
+        """The generation of the status object this holder last wrote: every swap starts from it."""
         self.settings = settings
         self.took_over = took_over
         """The previous status object when this lease replaced a stale/failed/recomputed one."""
@@ -87,16 +83,16 @@ class Lease:
         with self._lock:
             if self.lost.is_set():
                 raise LeaseLostError(self._lost_message())
-            version = self.store.write_if(self.version, new)
-            if version is None:
+            generation = self.store.write_if(self.generation, new)
+            if generation is None:
                 self.lost.set()
                 raise LeaseLostError(self._lost_message())
-            self.record, self.version = new, version
+            self.record, self.generation = new, generation
 
     def _lost_message(self) -> str:
         current = self.store.read()[0]
         now = f"{current.status.value} by {current.holder}" if current else "deleted"
-        return f"lease on {getattr(self.store, 'dir', self.store)} lost: status is now {now}"
+        return f"lease on {self.store.location} lost: status is now {now}"
 
     def renew(self) -> None:
         """Heartbeat now; raises `LeaseLostError` if someone else holds the output."""
@@ -146,7 +142,7 @@ def acquire(
     started = time.monotonic()
     last_wait_log = 0.0
     while True:
-        current, version = store.read()
+        current, generation = store.read()
         decision = decide(current, settings.stale_timeout, recompute=recompute)
         if decision.action is Action.REUSE:
             assert current is not None
@@ -163,8 +159,8 @@ def acquire(
             continue
         mine = StatusRecord(Status.RUNNING, holder=holder, token=uuid.uuid4().hex,
                             heartbeat=time.time(), run_id=run_id)
-        new_version = store.write_if(version, mine)
-        if new_version is not None:
-            return Lease(store, mine, new_version, settings, took_over=current,
+        new_generation = store.write_if(generation, mine)
+        if new_generation is not None:
+            return Lease(store, mine, new_generation, settings, took_over=current,
                          waited_s=time.monotonic() - started, reason=decision.reason)
         time.sleep(min(settings.poll_interval, 0.2))  # lost a race: look again

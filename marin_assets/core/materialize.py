@@ -24,15 +24,9 @@ from marin_assets.core.paths import normalize_prefix, storage_prefix, using_pref
 from marin_assets.core.provenance import current_provenance
 from marin_assets.core.record import ArtifactRecord, read_record, write_record
 from marin_assets.core.results import encode_result, type_name
-from marin_assets.core.status import (
-    LOCK_FILE,
-    STATUS_FILE,
-    Status,
-    StatusRecord,
-    read_status,
-    status_store,
-)
+from marin_assets.core.status import LOCK_FILE, STATUS_FILE, Status, StatusRecord
 from marin_assets.core.step import Step
+from marin_assets.core.stores import read_status, status_store
 from marin_assets.core.versions import content_version, current_input_versions
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from marin_assets.core.decision import Action, decide, decide_output
 from marin_assets.core.identity import canonical
 from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.record import RecordNotAvailableError, read_record
-from marin_assets.core.status import read_status
 from marin_assets.core.step import Step, walk
+from marin_assets.core.stores import read_status
 
 RUN, REUSE, WAIT = Action.RUN.value, Action.REUSE.value, Action.WAIT.value
 BLOCKED = "blocked"

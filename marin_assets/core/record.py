@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
 from marin_assets.core.results import from_jsonable, type_label
-from marin_assets.core.status import Status, StatusRecord, read_status
+from marin_assets.core.status import Status, StatusRecord
+from marin_assets.core.stores import read_status
 
 RECORD_FILE = ".artifact.json"
 T = TypeVar("T")
@@ -59,8 +60,8 @@ class ArtifactRecord:
     """`module:qualname` of the result's type, for `load_result` without a type."""
     provenance: Provenance
     duration_s: float = 0.0
-    version: int = field(default=1)
-    """Format version of this record."""
+    format: int = field(default=1)
+    """The layout of this record (1 so far), stored under the key `version` that existing records hold."""
     content_version: str | None = None
     """What the output was made from beyond its identity: the source version a changing
     source reported, or a digest of the inputs' content versions; None for pure outputs."""
@@ -68,13 +69,22 @@ class ArtifactRecord:
     """`name_with_hash` → content version of each dependency that had one, when this was made."""
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        data = dataclasses.asdict(self)
+        data[_FORMAT_KEY] = data.pop("format")
+        return json.dumps(data, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ArtifactRecord:
         data = json.loads(text)
         data["provenance"] = Provenance(**data["provenance"])
+        if _FORMAT_KEY in data:
+            data["format"] = data.pop(_FORMAT_KEY)
         return cls(**data)
+
+
+_FORMAT_KEY = "version"
+"""The JSON key of `ArtifactRecord.format`: the name it was written under before "version" came to mean
+only content versions (`core/versions.py`); kept so that every record ever written still reads."""
 
 
 def record_path(output_path: str) -> str:
@@ -102,6 +112,36 @@ def read_record(output_path: str, status: StatusRecord | None = None) -> Artifac
     return ArtifactRecord.from_json(raw.decode())
 
 
+def resolve_type(name: str) -> Any:
+    """The type a record names (`module:qualname`). A type that has since moved (its module gone, or no longer
+    holding it) is found through the `MOVED_TYPES` table (`{old name: new name}`) of a package above its old
+    module, so records written before a layout change still load."""
+    module, _, qualname = name.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ModuleNotFoundError, AttributeError):
+        moved = _moved_to(name)
+        if moved is None:
+            raise
+        return resolve_type(moved)
+    return obj
+
+
+def _moved_to(name: str) -> str | None:
+    parts = name.partition(":")[0].split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        try:
+            package = importlib.import_module(".".join(parts[:end]))
+        except ModuleNotFoundError:
+            continue
+        moved: dict[str, str] = getattr(package, "MOVED_TYPES", {})
+        if name in moved:
+            return moved[name]
+    return None
+
+
 def load_result(step_or_path: Any, result_type: type[T] | None = None) -> T:
     """The typed result a step returned, read from its record.
 
@@ -113,11 +153,7 @@ def load_result(step_or_path: Any, result_type: type[T] | None = None) -> T:
     if result_type is None:
         if record.result_type is None:
             return typing.cast(T, record.result)
-        module, _, qualname = record.result_type.partition(":")
-        obj: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        result_type = obj
+        result_type = resolve_type(record.result_type)
     try:
         return typing.cast(T, from_jsonable(record.result, result_type))
     except (TypeError, ValueError) as e:

@@ -6,6 +6,11 @@ which is recorded as its `content_version`; every step made from it records the 
 its inputs and a digest of them as its own content version. A cached output whose recorded
 input versions no longer match its inputs' current ones is out of date and is recomputed in
 place. Pure pipelines (no changing source) record nothing here and pay nothing.
+
+"Version" means this one thing across the protocol: what an output's content was made from (a
+source version, a content version, input versions, and Dagster's data version built from them).
+The status object's compare-and-swap token is its *generation* (`core/stores/base.py`); the
+layout of an artifact record is its *format* (`ArtifactRecord.format`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Evaluate every checkpoint as it lands: the per-checkpoint evaluation asset and its sensor.
 
-A family of per-checkpoint evaluations (pipeline library, `PerCheckpointEvals`) names a training
-step and what to evaluate: validation losses (`CheckpointEvals`) or lm-eval tasks
-(`HarnessCheckpointEvals`). Its asset is made by `step_asset` like every step asset, partitioned:
+A family of per-checkpoint evaluations (pipeline library, `CheckpointEvals`) names a training
+step and an evaluation kind: validation losses (`loss_checkpoint_evals`) or lm-eval tasks
+(`harness_checkpoint_evals`). Its asset is made by `step_asset` like every step asset, partitioned:
 one dynamic partition per checkpoint step, each the step `{name}/step-N`, so evaluations are
 cached and leased like any output; every materialization shows a table of all checkpoints so
 far. The sensor lists the training run's checkpoint folder once per tick (local or `gs://`,
@@ -25,24 +25,24 @@ from marin_assets.core.materialize import StepOutcome
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.dagster.assets import Partitioned, step_asset, storage_settings
 from marin_assets.dagster.naming import asset_key
-from marin_assets.pipeline.evaluate import PerCheckpointEvals
-from marin_assets.pipeline.train import list_checkpoints, run_dir_of
+from marin_assets.pipeline.evals.steps import CheckpointEvals
+from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
 from resources.storage import StorageResource
 
 CHECKPOINT_TAG = "marin/checkpoint"
 
 
-def partitions_name(evals: PerCheckpointEvals) -> str:
+def partitions_name(evals: CheckpointEvals) -> str:
     """Partitions per training identity: a retrained model starts a fresh set."""
     return re.sub(r"[^A-Za-z0-9_]", "_", evals.train.name_with_hash)
 
 
-def partitions_of(evals: PerCheckpointEvals) -> dg.DynamicPartitionsDefinition:
+def partitions_of(evals: CheckpointEvals) -> dg.DynamicPartitionsDefinition:
     """The dynamic partitions of `evals`' asset, one per evaluated checkpoint step."""
     return dg.DynamicPartitionsDefinition(name=partitions_name(evals))
 
 
-def results_table(evals: PerCheckpointEvals, checkpoints: Sequence[int], prefix: str) -> dg.TableMetadataValue:
+def results_table(evals: CheckpointEvals, checkpoints: Sequence[int], prefix: str) -> dg.TableMetadataValue:
     """The results of every evaluated checkpoint (loss and bits per byte; each task's accuracies), one row per step."""
     rows = []
     for checkpoint in sorted(checkpoints):
@@ -56,7 +56,7 @@ def results_table(evals: PerCheckpointEvals, checkpoints: Sequence[int], prefix:
     return dg.MetadataValue.table(rows, schema=dg.TableSchema(columns))
 
 
-def checkpoint_evals_asset(evals: PerCheckpointEvals) -> dg.AssetsDefinition:
+def checkpoint_evals_asset(evals: CheckpointEvals) -> dg.AssetsDefinition:
     """The partitioned asset: partition `N` evaluates checkpoint step N (made by `step_asset`)."""
     def summary(partition: str, outcome: StepOutcome, context: dg.AssetExecutionContext) -> dict[str, Any]:
         checkpoint = int(partition)
@@ -75,7 +75,7 @@ def checkpoint_evals_asset(evals: PerCheckpointEvals) -> dg.AssetsDefinition:
 
 
 def checkpoint_sensor(
-    evals: Sequence[PerCheckpointEvals],
+    evals: Sequence[CheckpointEvals],
     *,
     name: str = "marin_checkpoint_evals",
     minimum_interval_seconds: int = 60,
@@ -89,7 +89,7 @@ def checkpoint_sensor(
     Families evaluating one training run (its losses and its lm-eval tasks) share its partitions
     and get one run per checkpoint that materializes all of them.
     """
-    watched: dict[str, list[PerCheckpointEvals]] = {}  # per training identity
+    watched: dict[str, list[CheckpointEvals]] = {}  # per training identity
     for e in evals:
         watched.setdefault(partitions_name(e), []).append(e)
 

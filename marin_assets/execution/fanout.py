@@ -48,7 +48,8 @@ from typing import Any, Generic, TypeVar
 
 from marin_assets.core.decision import Action, decide
 from marin_assets.core.lease import Lease, LeaseLostError, LeaseSettings
-from marin_assets.core.status import Status, StatusRecord, new_holder_id, status_store
+from marin_assets.core.status import Status, StatusRecord, new_holder_id
+from marin_assets.core.stores import status_store
 from marin_assets.execution.ray_runner import RemoteTraceback
 from marin_assets.execution.requests import InfeasibleRequestError, RayRequest, _fmt
 
@@ -131,7 +132,7 @@ def _try_claim(path: str, settings: LeaseSettings, run_id: str, *, success_is_do
     `success_is_done` is False). A lost race counts as held.
     """
     store = status_store(path)
-    current, version = store.read()
+    current, generation = store.read()
     foreign_success = current is not None and current.status is Status.SUCCESS and (
         current.run_id != run_id or not success_is_done)
     decision = decide(current, settings.stale_timeout,
@@ -146,10 +147,10 @@ def _try_claim(path: str, settings: LeaseSettings, run_id: str, *, success_is_do
         reason = f"stale RUNNING by {current.holder if current else '?'}: {why}"
     mine = StatusRecord(Status.RUNNING, holder=_holder_id(), token=uuid.uuid4().hex, heartbeat=time.time(),
                         run_id=run_id)
-    new_version = store.write_if(version, mine)
-    if new_version is None:
+    new_generation = store.write_if(generation, mine)
+    if new_generation is None:
         return _HELD
-    return Lease(store, mine, new_version, settings, took_over=current, waited_s=0.0, reason=reason)
+    return Lease(store, mine, new_generation, settings, took_over=current, waited_s=0.0, reason=reason)
 
 
 _NODE_TAG = "@ray-node:"

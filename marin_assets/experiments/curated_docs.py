@@ -19,7 +19,8 @@ from marin_assets.pipeline.curation.heuristics import heuristic_filter_step
 from marin_assets.pipeline.curation.normalize import normalize_step
 from marin_assets.pipeline.curation.planted import EVAL_SETS, planted_corpus_step
 from marin_assets.pipeline.curation.quality import quality_classifier_step, quality_filter_step
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.experiment import Experiment
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 
 DATASET = "curated-docs"
 MODEL = ModelSpec(family="llama", hidden_dim=64, intermediate_dim=256, num_layers=2, num_heads=4, num_kv_heads=4,
@@ -58,6 +59,7 @@ def build(prefix: str = DATASET, seed: int = 0, vocab_size: int = 512, model: Mo
 
 pipeline = build()
 steps = [pipeline["export"], pipeline["evaluate"]]
+experiment = Experiment("curated-docs", steps)
 
 
 def main() -> None:

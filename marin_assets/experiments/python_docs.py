@@ -1,5 +1,5 @@
 """The demo LLM pipeline, offline on a laptop, on real English text: the running Python's own
-documentation (standard-library docstrings and pydoc topics, `pipeline/python_docs.py`) →
+documentation (standard-library docstrings and pydoc topics, `pipeline/data/python_docs.py`) →
 BPE tokenizer → Levanter cache → a small Llama → Hugging Face export → evaluation.
 
 Sized for `make demo` on 2 CPU cores (about 400k training tokens): the loss falls from about
@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from marin_assets.core.step import Step
 from marin_assets.experiments import small_lm
-from marin_assets.pipeline.evaluate import CheckpointEvals
-from marin_assets.pipeline.python_docs import PythonBuild, python_docs_step
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.data.python_docs import PythonBuild, python_docs_step
+from marin_assets.pipeline.evals.steps import CheckpointEvals
+from marin_assets.pipeline.experiment import Experiment
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 
 DATASET = "python-docs"
 MODEL = ModelSpec(family="llama", hidden_dim=128, intermediate_dim=512, num_layers=2, num_heads=4, num_kv_heads=4,
@@ -37,3 +38,4 @@ def checkpoint_evals(pipeline: dict[str, Step], prefix: str = "python-docs") -> 
 pipeline = build()
 steps = [pipeline["export"], pipeline["evaluate"]]
 per_checkpoint = [checkpoint_evals(pipeline)]
+experiment = Experiment("python-docs", steps, per_checkpoint)

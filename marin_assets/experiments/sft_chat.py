@@ -19,13 +19,15 @@ from collections.abc import Iterator
 
 from marin_assets.core.step import Step, made_by
 from marin_assets.experiments import python_docs
-from marin_assets.pipeline.chat import chat_tokenize_step
-from marin_assets.pipeline.evaluate import evaluate_step, export_step
-from marin_assets.pipeline.readers import iter_records
-from marin_assets.pipeline.sft import SFT_OPTIMIZER, sft_step
-from marin_assets.pipeline.specs import OptimizerSpec, TrainerSpec
-from marin_assets.pipeline.text_files import expand_files, local_dir_for
-from marin_assets.pipeline.train import from_hf
+from marin_assets.pipeline.data.readers import iter_records
+from marin_assets.pipeline.data.text_files import expand_files, local_dir_for
+from marin_assets.pipeline.evals.loss import evaluate_step
+from marin_assets.pipeline.experiment import Experiment
+from marin_assets.pipeline.tokens.chat import chat_tokenize_step
+from marin_assets.pipeline.training.export import export_step
+from marin_assets.pipeline.training.sft import SFT_OPTIMIZER, sft_step
+from marin_assets.pipeline.training.sources import from_hf
+from marin_assets.pipeline.training.specs import OptimizerSpec, TrainerSpec
 
 SYSTEM = "You are a helpful assistant who knows the Python standard library."
 TRAINER = TrainerSpec(num_train_steps=60, train_batch_size=16, checkpoint_every=30, steps_per_eval=20,
@@ -101,6 +103,7 @@ def build(prefix: str = "python-docs", trainer: TrainerSpec = TRAINER,
 
 pipeline = build()
 steps = [pipeline["sft_export"], pipeline["sft_evaluate"], pipeline["base_evaluate"]]
+experiment = Experiment("python-docs-chat", steps)
 
 
 def main() -> None:

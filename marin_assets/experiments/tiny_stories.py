@@ -1,4 +1,4 @@
-"""The LLM pipeline on generated stories (`pipeline/corpus.py`): any size in seconds, so tests
+"""The LLM pipeline on generated stories (`pipeline/data/corpus.py`): any size in seconds, so tests
 build it small. The demo trains on real text instead (`python_docs.py`): a model learns these
 template sentences almost perfectly, which no real run does."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from marin_assets.core.step import Step
 from marin_assets.experiments import small_lm
-from marin_assets.pipeline.corpus import corpus_step
-from marin_assets.pipeline.evaluate import CheckpointEvals
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.data.corpus import corpus_step
+from marin_assets.pipeline.evals.steps import CheckpointEvals
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 
 DATASET = "stories"
 MODEL = ModelSpec(family="llama", hidden_dim=128, intermediate_dim=512, num_layers=2, num_heads=4, num_kv_heads=4,

@@ -17,7 +17,7 @@ import re
 import sysconfig
 from pathlib import Path
 
-from marin_assets.pipeline.python_docs import is_validation, python_documents
+from marin_assets.pipeline.data.python_docs import is_validation, python_documents
 
 HERE = Path(__file__).resolve().parent
 SENTENCE = re.compile(r"(?<=[a-z0-9)][.!?])\s+(?=[A-Z])")

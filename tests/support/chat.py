@@ -1,5 +1,5 @@
 """Chat data for the SFT tests: conversations whose assistant answers are real text (the standard
-library's own docstrings, as `pipeline/python_docs.py` reads them), in OpenAI and ShareGPT form,
+library's own docstrings, as `pipeline/data/python_docs.py` reads them), in OpenAI and ShareGPT form,
 as JSON lines and parquet; and the assistant spans of a conversation, computed without Levanter."""
 
 import io
@@ -8,7 +8,7 @@ import random
 import sysconfig
 from pathlib import Path
 
-from marin_assets.pipeline.python_docs import clean, docstrings
+from marin_assets.pipeline.data.python_docs import clean, docstrings
 
 MODULES = ("json/__init__", "textwrap", "shlex", "fnmatch", "base64", "heapq", "bisect", "glob", "difflib",
            "statistics", "fractions", "calendar", "string", "keyword", "colorsys", "quopri")

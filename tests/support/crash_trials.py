@@ -27,12 +27,13 @@ from pathlib import Path
 from marin_assets import materialize_step
 from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.record import RecordNotAvailableError, read_record
-from marin_assets.core.status import Status, read_status
+from marin_assets.core.status import Status
 from marin_assets.core.step import Step, walk
+from marin_assets.core.stores import read_status
 from marin_assets.experiments import tiny_stories
-from marin_assets.pipeline.download import url_download_step
-from marin_assets.pipeline.specs import OptimizerSpec
-from marin_assets.pipeline.train import list_checkpoints, run_dir_of
+from marin_assets.pipeline.data.download import url_download_step
+from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
+from marin_assets.pipeline.training.specs import OptimizerSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.5, poll_interval=0.05)

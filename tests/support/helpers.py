@@ -36,8 +36,8 @@ def calls(events_file) -> list[int]:
 def corpus_and_tokenizer(root: Path, train_documents: int, validation_documents: int, seed: int, shards: int,
                          vocab_size: int = 400) -> tuple[str, str]:
     """A generated corpus under `root/raw` and a BPE tokenizer trained on it under `root/tok`."""
-    from marin_assets.pipeline.corpus import generate_corpus
-    from marin_assets.pipeline.tokenizer import train_tokenizer
+    from marin_assets.pipeline.data.corpus import generate_corpus
+    from marin_assets.pipeline.tokens.tokenizer import train_tokenizer
 
     raw = str(root / "raw")
     generate_corpus(raw, train_documents=train_documents, validation_documents=validation_documents, seed=seed,

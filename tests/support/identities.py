@@ -33,8 +33,7 @@ def current_identities() -> dict[str, str]:
     """The identities of the definitions and experiments as the code makes them now."""
     from marin_assets import definitions
     from marin_assets.experiments import curated_docs, tiny_stories
-
-    from marin_assets.pipeline.run_cost import run_costs_step
+    from marin_assets.pipeline.reports.run_costs import run_costs_step
     from tests.support import ui_definitions as ui
 
     found = closure([*definitions.steps, *curated_docs.steps, *tiny_stories.build().values()])

@@ -14,8 +14,9 @@ import pytest
 
 from marin_assets import materialize_step
 from marin_assets.core.lease import Lease, LeaseLostError, LeaseSettings, acquire
-from marin_assets.core.status import Status, StatusRecord, read_status, status_store
+from marin_assets.core.status import Status, StatusRecord
 from marin_assets.core.step import Step
+from marin_assets.core.stores import read_status, status_store
 from tests.support.helpers import FAST, ROOT
 
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from marin_assets.pipeline.tokenize import tokenize
+from marin_assets.pipeline.tokens.tokenize import tokenize
 
 out, dataset, tokenizer = sys.argv[1:4]
 tokenize(out, dataset, tokenizer, rows_per_commit=200)

@@ -4,8 +4,8 @@
 
 import sys
 
-from marin_assets.pipeline.specs import ModelSpec, OptimizerSpec, TrainerSpec
-from marin_assets.pipeline.train import train_lm
+from marin_assets.pipeline.training.pretrain import train_lm
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 
 out, tokenizer, cache = sys.argv[1:4]
 platform = sys.argv[4] if len(sys.argv) > 4 else None

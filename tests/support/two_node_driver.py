@@ -13,7 +13,7 @@ import time
 from marin_assets import Step, materialize_step
 from marin_assets.core.lease import LeaseSettings
 from marin_assets.execution.ray_runner import ray_runner
-from marin_assets.pipeline.tokenize import tokenize_step
+from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from resources import RayResource
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")

@@ -10,10 +10,10 @@ from dataclasses import replace
 from marin_assets import build_definitions
 from marin_assets.dagster import checkpoint_evals_asset, checkpoint_sensor
 from marin_assets.experiments import tiny_stories
-from marin_assets.pipeline.experiment_summary import experiment_summary_step
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
-from marin_assets.pipeline.specs import OptimizerSpec
-from marin_assets.pipeline.sweep import lr_model_sweep
+from marin_assets.pipeline.reports.experiment_summary import experiment_summary_step
+from marin_assets.pipeline.reports.sweep import lr_model_sweep
+from marin_assets.pipeline.training.specs import OptimizerSpec
 from tests.support.automation_pipeline import SHORT, TINY
 
 settings_file = os.environ.get("MARIN_UI_SETTINGS")

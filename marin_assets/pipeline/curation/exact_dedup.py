@@ -17,13 +17,15 @@ No process holds the whole corpus. Three resumable phases (`stage.run_phase`), e
 2. `buckets-{B}`, per bucket: load that bucket from every shard, sort (hash, then position), and
    write which rows and paragraphs repeat an earlier one, per shard —
    `_work/removals-{B}/{shard}/bucket-NNNNN.npy` (`REMOVAL` rows), for the shards that have some;
-3. `shards`, per shard: rewrite it without them (`stage.rewrite_shard`, verdicts by `decide`).
+3. `shards`, per shard: rewrite it without them (`filters.run_filter`: phases 1 and 2 are the filter's
+   `prepare`, its verdicts come from the shard's removals).
 
 B is in the work folders' names, so a re-run with another bucket count never mixes the two.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 from collections.abc import Sequence
@@ -36,16 +38,9 @@ import xxhash
 
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.step import Step, made_by
-from marin_assets.pipeline.curation.shards import CurationError, Shard, list_shards, read_shard, work_path
-from marin_assets.pipeline.curation.stage import (
-    CurationResult,
-    ShardStats,
-    Verdicts,
-    curation_step,
-    rewrite_shard,
-    run_phase,
-    summarize,
-)
+from marin_assets.pipeline.curation.filters import CurationFilter, Verdicts, filter_step, run_filter
+from marin_assets.pipeline.curation.shards import CurationError, Shard, read_shard, work_path
+from marin_assets.pipeline.curation.stage import CurationResult, run_phase
 
 STAGE = "exact_dedup"
 HASH = "xxh3-128"
@@ -213,7 +208,7 @@ def _dedup_bucket(output_path: str, buckets: int, shard_keys: Sequence[str], buc
     return outcome
 
 
-def decide(path: str, separator: str, removals: np.ndarray, table: pa.Table) -> Verdicts:
+def removal_verdicts(path: str, separator: str, removals: np.ndarray, table: pa.Table) -> Verdicts:
     """Phase 3's verdicts on one shard (`path`, for messages) from its `REMOVAL` rows."""
     rows = table.num_rows
     removed: list[str | None] = [None] * rows
@@ -249,14 +244,6 @@ def decide(path: str, separator: str, removals: np.ndarray, table: pa.Table) -> 
     return Verdicts(removed, texts=texts, modified=modified, counters={"paragraphs_removed": paragraphs_removed})
 
 
-def _rewrite(output_path: str, buckets: int, separator: str, item: tuple[int, Shard, tuple[int, ...]]) -> dict:
-    """Phase 3: one shard without its duplicates (its removals gathered from the buckets that found some)."""
-    _, shard, with_removals = item
-    parts = [_load(_removal_path(output_path, buckets, shard.key, b), REMOVAL, "removal list") for b in with_removals]
-    removals = np.concatenate(parts) if parts else np.empty(0, REMOVAL)
-    return rewrite_shard(STAGE, output_path, functools.partial(decide, shard.path, separator, removals), shard)
-
-
 def _key(item: tuple[Any, ...]) -> str:
     return item[1].key
 
@@ -272,38 +259,88 @@ def _samples(shards: Sequence[Shard], outcomes: Sequence[dict[str, Any]]) -> lis
             for shard, row, kept_shard, kept_row, copies in chosen]
 
 
+@dataclass(frozen=True)
+class Found:
+    """What the hashing and bucket phases (`ExactDedup.prepare`) found."""
+
+    output_path: str
+    removals: dict[str, tuple[int, ...]]
+    """Per shard key: the buckets holding some of its removals (shards with none are absent)."""
+    paragraphs: int
+    groups: int
+    largest_group: int
+    paragraph_groups: int
+    largest_paragraph_group: int
+    samples: list[DuplicateSample]
+
+
+@dataclass(frozen=True)
+class ExactDedup(CurationFilter):
+    """Removes every document (and with `paragraphs`, every paragraph) whose exact text occurred earlier."""
+
+    paragraphs: bool = False
+    paragraph_separator: str = "\n"
+    buckets: int = 16
+    """How the hashes are split for the global pass: changes how the work is split, not the output."""
+    found: Found | None = None
+    """Set by `prepare`: where the removals are."""
+    name = STAGE
+
+    def identity(self) -> dict[str, Any]:
+        return {"paragraphs": self.paragraphs,
+                "paragraph_separator": self.paragraph_separator if self.paragraphs else None, "hash": HASH}
+
+    def prepare(self, output_path: str, shards: Sequence[Shard], workers: int) -> ExactDedup:
+        """Phases 1 and 2: every shard hashed into buckets, every bucket's repeats found."""
+        buckets = self.buckets
+        hashed = run_phase(output_path, f"hashes-{buckets}", list(enumerate(shards)),
+                           functools.partial(_hash_shard, output_path, self.paragraphs, self.paragraph_separator,
+                                             buckets),
+                           key_of=_key, workers=workers, name=f"{STAGE}: hash {len(shards)} shards")
+        found = run_phase(output_path, f"buckets-{buckets}", list(range(buckets)),
+                          functools.partial(_dedup_bucket, output_path, buckets, [s.key for s in shards]),
+                          key_of=lambda bucket: f"bucket-{bucket:05d}", workers=workers,
+                          name=f"{STAGE}: find duplicates in {buckets} buckets")
+        removals: dict[str, list[int]] = {}
+        for bucket, outcome in enumerate(found):
+            for ordinal in outcome["shards"]:
+                removals.setdefault(shards[ordinal].key, []).append(bucket)
+        return dataclasses.replace(self, found=Found(
+            output_path, {key: tuple(b) for key, b in removals.items()}, sum(o["paragraphs"] for o in hashed),
+            groups=sum(o["groups"] for o in found),
+            largest_group=max((o["largest_group"] for o in found), default=0),
+            paragraph_groups=sum(o["paragraph_groups"] for o in found),
+            largest_paragraph_group=max((o["largest_paragraph_group"] for o in found), default=0),
+            samples=_samples(shards, found)))
+
+    def decide(self, table: pa.Table, shard: Shard) -> Verdicts:
+        """Phase 3: the shard's removals, gathered from the buckets that found some."""
+        if self.found is None:
+            raise CurationError(f"{STAGE}: the duplicates are found by prepare(), before any shard is decided")
+        parts = [_load(_removal_path(self.found.output_path, self.buckets, shard.key, b), REMOVAL, "removal list")
+                 for b in self.found.removals.get(shard.key, ())]
+        removals = np.concatenate(parts) if parts else np.empty(0, REMOVAL)
+        return removal_verdicts(shard.path, self.paragraph_separator, removals, table)
+
+    def result(self, summary: CurationResult) -> ExactDedupResult:
+        found = self.found
+        assert found is not None
+        if self.paragraphs:
+            summary = dataclasses.replace(summary, counters={
+                "paragraphs": found.paragraphs, "paragraphs_removed": summary.counters.get("paragraphs_removed", 0)})
+        return ExactDedupResult.of(summary, paragraphs=self.paragraphs, duplicate_groups=found.groups,
+                                   largest_group=found.largest_group, paragraph_groups=found.paragraph_groups,
+                                   largest_paragraph_group=found.largest_paragraph_group, samples=found.samples)
+
+
 def exact_dedup(output_path: str, dataset_path: str, paragraphs: bool = False, paragraph_separator: str = "\n",
                 buckets: int = 16, workers: int = 1) -> ExactDedupResult:
     """Remove every document (and with `paragraphs`, every paragraph) whose exact text occurred earlier in the
     normalized dataset at `dataset_path`, across all its shards and splits; the first occurrence stays."""
     _check_arguments(paragraph_separator, buckets)
-    shards = list_shards(STAGE, dataset_path)
-    hashed = run_phase(output_path, f"hashes-{buckets}", list(enumerate(shards)),
-                       functools.partial(_hash_shard, output_path, paragraphs, paragraph_separator, buckets),
-                       key_of=_key, workers=workers, name=f"{STAGE}: hash {len(shards)} shards")
-    found = run_phase(output_path, f"buckets-{buckets}", list(range(buckets)),
-                      functools.partial(_dedup_bucket, output_path, buckets, [s.key for s in shards]),
-                      key_of=lambda bucket: f"bucket-{bucket:05d}", workers=workers,
-                      name=f"{STAGE}: find duplicates in {buckets} buckets")
-    with_removals: dict[int, list[int]] = {}
-    for bucket, outcome in enumerate(found):
-        for ordinal in outcome["shards"]:
-            with_removals.setdefault(ordinal, []).append(bucket)
-    items = [(ordinal, shard, tuple(with_removals.get(ordinal, ()))) for ordinal, shard in enumerate(shards)]
-    rewritten = run_phase(output_path, "shards", items,
-                          functools.partial(_rewrite, output_path, buckets, paragraph_separator),
-                          key_of=_key, workers=workers, name=f"{STAGE} of {len(shards)} shards")
-    summary = summarize(STAGE, output_path, [ShardStats.from_json(o) for o in rewritten])
-    if paragraphs:
-        summary["counters"] = {"paragraphs": sum(o["paragraphs"] for o in hashed),
-                               "paragraphs_removed": summary["counters"].get("paragraphs_removed", 0)}
-    return ExactDedupResult(
-        **summary, paragraphs=paragraphs,
-        duplicate_groups=sum(o["groups"] for o in found),
-        largest_group=max((o["largest_group"] for o in found), default=0),
-        paragraph_groups=sum(o["paragraph_groups"] for o in found),
-        largest_paragraph_group=max((o["largest_paragraph_group"] for o in found), default=0),
-        samples=_samples(shards, found))
+    result = run_filter(output_path, dataset_path, ExactDedup(paragraphs, paragraph_separator, buckets), workers)
+    assert isinstance(result, ExactDedupResult)
+    return result
 
 
 def exact_dedup_step(name: str, dataset: Step, paragraphs: bool = False, paragraph_separator: str = "\n",
@@ -311,9 +348,5 @@ def exact_dedup_step(name: str, dataset: Step, paragraphs: bool = False, paragra
     """`dataset` (normalized) without repeated documents (and paragraphs); `buckets` and `workers` only change how
     the work is split, not the output, so they are not part of the step's identity."""
     _check_arguments(paragraph_separator, buckets)
-    return curation_step(
-        name, STAGE,
-        lambda out: exact_dedup(out, dataset.output_path, paragraphs, paragraph_separator, buckets, workers),
-        dataset, {"paragraphs": paragraphs, "paragraph_separator": paragraph_separator if paragraphs else None,
-                  "hash": HASH},
-        description=made_by(exact_dedup), max_removed_fraction=max_removed_fraction, cpu=1)
+    return filter_step(name, dataset, ExactDedup(paragraphs, paragraph_separator, buckets), workers=workers,
+                       max_removed_fraction=max_removed_fraction, description=made_by(exact_dedup))

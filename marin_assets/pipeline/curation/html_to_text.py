@@ -35,18 +35,19 @@ import orjson
 import pyarrow as pa
 
 from marin_assets.core.step import Step, StepDefinitionError, made_by
-from marin_assets.pipeline import readers
 from marin_assets.pipeline.curation.shards import CurationError, FileShardWriter, place_file_shards, work_path
 from marin_assets.pipeline.curation.stage import (
     CurationResult,
     Removed,
     ShardStats,
     curation_step,
+    placed,
     run_phase,
     summarize,
 )
-from marin_assets.pipeline.readers import DatasetError
-from marin_assets.pipeline.text_files import expand_files, find_splits
+from marin_assets.pipeline.data import readers
+from marin_assets.pipeline.data.readers import DatasetError
+from marin_assets.pipeline.data.text_files import expand_files, find_splits
 
 STAGE = "html_to_text"
 NO_MAIN_CONTENT = "no main content"
@@ -333,9 +334,7 @@ def html_to_text(output_path: str, dataset_path: str, splits: dict[str, list[str
     counter = place_file_shards(output_path, [(item[0], folder, outcome["shards"]) for item, folder, outcome
                                               in zip(items, folders, outcomes, strict=True)])
     summary = summarize(STAGE, output_path, [ShardStats.from_json(o["stats"]) for o in outcomes])
-    summary["splits"] = {split: type(count)(counter.get(split, 0), count.documents, count.bytes)
-                         for split, count in summary["splits"].items()}
-    return HtmlToTextResult(**summary, extractor=EXTRACTOR, main_content=main_content)
+    return HtmlToTextResult.of(placed(summary, counter), extractor=EXTRACTOR, main_content=main_content)
 
 
 def html_to_text_step(name: str, dataset: Step, splits: dict[str, list[str]] | None = None, html_field: str = "html",

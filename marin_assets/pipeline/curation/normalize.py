@@ -21,11 +21,12 @@ from marin_assets.pipeline.curation.stage import (
     Removed,
     ShardStats,
     curation_step,
+    placed,
     run_phase,
     summarize,
 )
-from marin_assets.pipeline.readers import iter_documents
-from marin_assets.pipeline.text_files import expand_files, find_splits
+from marin_assets.pipeline.data.readers import iter_documents
+from marin_assets.pipeline.data.text_files import expand_files, find_splits
 
 STAGE = "normalize"
 
@@ -68,10 +69,7 @@ def normalize(output_path: str, dataset_path: str, splits: dict[str, list[str]] 
     counter = place_file_shards(output_path, [(split, _files_folder(output_path, split, number), o["shards"])
                                               for (split, number, _), o in zip(items, outcomes, strict=True)])
     stats = [ShardStats.from_json(o["stats"]) for o in outcomes]
-    summary = summarize(STAGE, output_path, stats)
-    summary["splits"] = {split: type(count)(counter.get(split, 0), count.documents, count.bytes)
-                         for split, count in summary["splits"].items()}
-    return CurationResult(**summary)
+    return placed(summarize(STAGE, output_path, stats), counter)
 
 
 def _files_folder(output_path: str, split: str, number: int) -> str:

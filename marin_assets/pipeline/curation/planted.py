@@ -33,9 +33,9 @@ from dataclasses import asdict, dataclass, field
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
 from marin_assets.core.step import Step, made_by
-from marin_assets.pipeline.corpus import write_jsonl_shards
 from marin_assets.pipeline.curation.shards import document_id
-from marin_assets.pipeline.python_docs import python_documents
+from marin_assets.pipeline.data.corpus import write_jsonl_shards
+from marin_assets.pipeline.data.python_docs import python_documents
 
 MIN_WORDS = 80
 NEAR_EDITS = (1, 2, 4, 8)

@@ -1,4 +1,4 @@
-"""What every curation stage shares: per-shard work that survives a crash, counts, the result, the check.
+"""What every curation stage shares: per-item work that survives a crash, counts, the result, the check.
 
 A stage is phases of per-item work (`run_phase`): each item (a shard, a hash bucket) is worked on
 once, by this process or a Ray task (`execution.fanout.fan_out`), and its small JSON outcome is
@@ -6,6 +6,8 @@ written to `_work/{phase}/{key}.json` *after* its data. A re-run after a crash r
 that exist and works only on the rest; a task that died mid-item leaves a stale claim the caller
 takes over. The outcomes are summed into a `CurationResult`: documents and bytes in and out, and
 removed per reason (rule, duplicate, contaminating evaluation set), shown as tables in the UI.
+Stages that decide row by row what to keep are `filters.CurationFilter`s; this module is what they
+and the transforming stages (normalize, HTML to text) share.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import atomic_write, read_bytes
@@ -87,9 +89,14 @@ class CurationResult:
     splits: dict[str, SplitCount]
     counters: dict[str, int]
 
+    @classmethod
+    def of(cls, summary: CurationResult, **more: Any) -> Self:
+        """A stage's own result: `summary`'s counts and the stage's fields `more`."""
+        return cls(**{f.name: getattr(summary, f.name) for f in dataclasses.fields(CurationResult)}, **more)
 
-def summarize(stage: str, output_path: str, stats: Iterable[ShardStats]) -> dict[str, Any]:
-    """The fields of a `CurationResult` from its shards' counts (a stage adds its own fields)."""
+
+def summarize(stage: str, output_path: str, stats: Iterable[ShardStats]) -> CurationResult:
+    """A stage's counts, summed from its shards' (its own result adds its fields: `CurationResult.of`)."""
     stats = list(stats)
     removed: dict[str, Removed] = {}
     counters: dict[str, int] = {}
@@ -107,10 +114,16 @@ def summarize(stage: str, output_path: str, stats: Iterable[ShardStats]) -> dict
         reasons = ", ".join(f"{k}: {v.documents}" for k, v in sorted(removed.items())) or "none recorded"
         raise CurationError(f"{stage}: removed every one of {documents_in} documents ({reasons}); nothing is written"
                             " as a success — loosen the stage's parameters")
-    return dict(path=output_path, stage=stage, documents_in=documents_in,
-                bytes_in=sum(s.bytes_in for s in stats), documents_out=documents_out,
-                bytes_out=sum(s.bytes_out for s in stats), removed=dict(sorted(removed.items())),
-                splits=dict(sorted(splits.items())), counters=dict(sorted(counters.items())))
+    return CurationResult(path=output_path, stage=stage, documents_in=documents_in,
+                          bytes_in=sum(s.bytes_in for s in stats), documents_out=documents_out,
+                          bytes_out=sum(s.bytes_out for s in stats), removed=dict(sorted(removed.items())),
+                          splits=dict(sorted(splits.items())), counters=dict(sorted(counters.items())))
+
+
+def placed(summary: CurationResult, shards: Mapping[str, int]) -> CurationResult:
+    """`summary` counting each split's shards as placed (`shards.place_file_shards`), not per input file."""
+    return dataclasses.replace(summary, splits={split: dataclasses.replace(count, shards=shards.get(split, 0))
+                                                for split, count in summary.splits.items()})
 
 
 def run_phase(output_path: str, phase: str, items: Sequence[T], fn: Callable[[T], Any], *,
@@ -125,7 +138,7 @@ def run_phase(output_path: str, phase: str, items: Sequence[T], fn: Callable[[T]
                    name=name or f"{phase} of {len(items)} items")
 
 
-def _once(fn: Callable[[Any], Any], item_and_done: tuple[Any, str]) -> Any:
+def _once(fn: Callable[[T], Any], item_and_done: tuple[T, str]) -> Any:
     item, done = item_and_done
     found = read_bytes(done)
     if found is not None:
@@ -161,77 +174,3 @@ def curation_step(name: str, stage: str, fn: Callable[[str], Any], dataset: Step
                 hash_attrs={"stage": stage, **hash_attrs, "format": FORMAT}, resources=Resources(cpu=cpu),
                 kind="curate", kinds=list(kinds), description=description,
                 checks=[removed_fraction_within(max_removed_fraction)])
-
-
-@dataclass
-class Verdicts:
-    """What a stage decided about one shard's rows."""
-
-    removed: list[str | None]
-    """Per row: None to keep it, or the reason it is removed."""
-    texts: list[str] | None = None
-    """New texts (a paragraph taken out), or None when no text changes."""
-    modified: list[str | None] | None = None
-    """Per row: the reason its text changed, or None."""
-    columns: dict[str, Any] = field(default_factory=dict)
-    """Columns to add or replace (a score, a mark), one value per row."""
-    counters: dict[str, int] = field(default_factory=dict)
-
-
-def rewrite_shard(stage: str, output_path: str, decide: Callable[[Any], Verdicts], shard: Any) -> dict[str, Any]:
-    """Read `shard`, apply `decide(table)`'s verdicts, write the shard under `output_path`; its counts (JSON)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from marin_assets.pipeline.curation.shards import read_shard, write_shard
-
-    table = read_shard(stage, shard.path)
-    rows = table.num_rows
-    verdicts = decide(table)
-    if len(verdicts.removed) != rows:
-        raise ValueError(f"{stage}: {len(verdicts.removed)} verdicts for {rows} rows of {shard.path}")
-    size_in = pc.binary_length(table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
-    removed: dict[str, Removed] = {}
-    if verdicts.texts is not None:
-        table = table.set_column(table.column_names.index("text"), "text", pa.array(verdicts.texts, pa.string()))
-    size_out = pc.binary_length(table.column("text")).to_numpy(zero_copy_only=False).astype(np.int64)
-    for row, reason in enumerate(verdicts.modified or ()):
-        if reason is not None and verdicts.removed[row] is None:
-            removed[reason] = removed.get(reason, Removed()) + Removed(0, int(size_in[row] - size_out[row]), 1)
-    for row, reason in enumerate(verdicts.removed):
-        if reason is not None:
-            removed[reason] = removed.get(reason, Removed()) + Removed(1, int(size_in[row]), 0)
-    for name, values in verdicts.columns.items():
-        column = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
-        if name in table.column_names:
-            table = table.set_column(table.column_names.index(name), name, column)
-        else:
-            table = table.append_column(name, column)
-    keep = np.array([r is None for r in verdicts.removed], dtype=bool)
-    kept = table.filter(pa.array(keep)) if rows else table
-    write_shard(kept, shard.output_under(output_path))
-    return ShardStats(shard.split, rows, int(size_in.sum()), kept.num_rows, int(size_out[keep].sum()), removed,
-                      dict(verdicts.counters)).to_json()
-
-
-def filter_shards(stage: str, output_path: str, shards: Sequence[Any], decide: Callable[[Any], Verdicts] | None = None,
-                  workers: int = 1, *, decide_for: Callable[[Any], Callable[[Any], Verdicts]] | None = None
-                  ) -> dict[str, Any]:
-    """Every shard through `rewrite_shard` (resumable, fanned out), summed: a `CurationResult`'s fields.
-
-    `decide(table)` serves every shard; a stage whose verdicts need the shard itself (its removal list,
-    its stored scores, its side index) gives `decide_for(shard)`, which returns that shard's `decide`."""
-    if (decide is None) == (decide_for is None):
-        raise ValueError(f"{stage}: give exactly one of decide and decide_for")
-    outcomes = run_phase(output_path, "shards", shards, functools.partial(_filter_one, stage, output_path, decide,
-                                                                          decide_for),
-                         key_of=lambda s: s.key, workers=workers, name=f"{stage} of {len(shards)} shards")
-    return summarize(stage, output_path, [ShardStats.from_json(o) for o in outcomes])
-
-
-def _filter_one(stage: str, output_path: str, decide: Callable[[Any], Verdicts] | None,
-                decide_for: Callable[[Any], Callable[[Any], Verdicts]] | None, shard: Any) -> dict[str, Any]:
-    chosen = decide_for(shard) if decide_for is not None else decide
-    assert chosen is not None
-    return rewrite_shard(stage, output_path, chosen, shard)

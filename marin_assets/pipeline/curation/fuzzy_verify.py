@@ -1,0 +1,237 @@
+"""fuzzy_dedup's verification: which candidate pairs are near duplicates on the text, and which documents go.
+
+Phase 3 (`gather_sets`, per shard holding candidates): their texts read once (only the row groups holding
+them), their n-gram hash sets sent to the verification task of each pair's later document:
+`_work/sets/{shard}/for-{shard}.parquet`, so no task reads another's shards. Phase 4 (`verify_shard`, per
+shard of the pairs' later documents): the exact Jaccard of each pair's sets; pairs at or above the
+threshold, with ids, sources and snippets: `_work/verified/{shard}.parquet`. Phase 5 (`cluster`, once, over
+verified pairs only — as many as there are duplicates, not documents): in key order a document is removed
+iff it has a verified pair with an earlier kept document: removal lists `_work/clusters/{shard}.npy`,
+cluster statistics, an audit sample.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from marin_assets.core.files import atomic_write
+from marin_assets.pipeline.curation.fuzzy_candidates import (
+    ROW_BITS,
+    ROW_MASK,
+    STAGE,
+    missing_work,
+    read_work_table,
+    save_array,
+    text_batches,
+    unique_pairs,
+)
+from marin_assets.pipeline.curation.ngrams import mix, ngram_hashes
+from marin_assets.pipeline.curation.shards import CurationError, Shard, work_path, write_shard
+
+SAMPLE = 20
+"""Removed pairs kept in the result for a person to audit: half the least similar, half spread."""
+SNIPPET = 200
+
+
+def _read_rows(path: str, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
+    """`rows` (sorted, distinct) of a shard, in that order, reading only the row groups that hold them."""
+    try:
+        with fsspec.open(path, "rb") as f:
+            parquet = pq.ParquetFile(f)
+            sizes = np.array([parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)],
+                             dtype=np.int64)
+            starts = np.concatenate([[0], np.cumsum(sizes)])
+            if len(rows) and rows[-1] >= starts[-1]:
+                raise CurationError(f"{STAGE}: shard {path} row {int(rows[-1])}: no such row (it has {starts[-1]});"
+                                    " the input changed while the stage ran")
+            group_of = np.searchsorted(starts, rows, side="right") - 1
+            groups = np.unique(group_of)
+            table = parquet.read_row_groups(groups.tolist(), columns=list(columns))
+    except FileNotFoundError:
+        raise CurationError(f"{STAGE}: shard {path} is missing") from None
+    except (pa.ArrowInvalid, OSError, KeyError) as e:
+        raise CurationError(f"{STAGE}: shard {path} is unreadable: {e}") from None
+    base = np.concatenate([[0], np.cumsum(sizes[groups])])[:-1]
+    local = base[np.searchsorted(groups, group_of)] + rows.astype(np.int64) - starts[group_of]
+    return table.take(pa.array(local))
+
+
+def _snippet(text: str) -> str:
+    return " ".join(text[:SNIPPET * 4].split())[:SNIPPET]
+
+
+def ngram_sets(texts: Sequence[str], ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct n-gram hashes of each text, sorted, concatenated; offsets): what Jaccard is computed on."""
+    values, counts = [], []
+    for start, stop in text_batches(pa.chunked_array([pa.array(texts, pa.string())])):
+        hashes, offsets = ngram_hashes(texts[start:stop], ngram)
+        sizes = np.diff(offsets)
+        ordered = np.concatenate([np.sort(hashes[lo:hi]) for lo, hi in itertools.pairwise(offsets.tolist())])
+        keep = np.ones(len(ordered), dtype=bool)
+        keep[1:] = ordered[1:] != ordered[:-1]
+        keep[offsets[:-1][sizes > 0]] = True  # each document's first n-gram, even if the one before ends the same
+        values.append(ordered[keep])
+        counts.append(np.bincount(np.repeat(np.arange(stop - start), sizes)[keep], minlength=stop - start))
+    if not values:
+        return np.zeros(0, dtype=np.uint64), np.zeros(1, dtype=np.int64)
+    return np.concatenate(values), np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int64)
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Jaccard similarity of two sorted arrays of distinct hashes."""
+    if not a.size or not b.size:
+        return 1.0 if a.size == b.size else 0.0
+    if a.size > b.size:
+        a, b = b, a
+    common = int(np.count_nonzero(b[np.minimum(np.searchsorted(b, a), b.size - 1)] == a))
+    return common / (a.size + b.size - common)
+
+
+def _sets_path(output_path: str, source_key: str, destination_key: str) -> str:
+    return work_path(output_path, "sets", source_key, f"for-{destination_key}.parquet")
+
+
+def gather_sets(output_path: str, shards: Sequence[Shard], ngram: int, item: tuple[int, np.ndarray]) -> dict[str, Any]:
+    """Phase 3: one shard's documents that take part in candidate pairs, read and hashed once, their n-gram
+    sets sent to each verification task that needs them (the task of the pair's later document's shard)."""
+    ordinal, needs = item  # (document, destination shard ordinal) rows
+    docs = np.unique(needs[:, 0])
+    table = _read_rows(shards[ordinal].path, (docs & ROW_MASK).astype(np.int64), ["id", "text", "source"])
+    texts = table.column("text").to_pylist()
+    values, offsets = ngram_sets(texts, ngram)
+    sets = pa.table({"doc": pa.array(docs, pa.uint64()), "id": table.column("id"), "source": table.column("source"),
+                     "snippet": pa.array([_snippet(t) for t in texts], pa.string()),
+                     "ngrams": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint64()))})
+    destinations = split_by(needs[:, 0], needs[:, 1])
+    for destination, wanted_docs in destinations:
+        wanted = np.searchsorted(docs, wanted_docs)
+        buffer = io.BytesIO()
+        pq.write_table(sets.take(pa.array(wanted)), buffer, compression="none", use_dictionary=False,
+                       write_statistics=False)
+        atomic_write(_sets_path(output_path, shards[ordinal].key, shards[destination].key), buffer.getvalue())
+    return {"documents": len(docs), "destinations": len(destinations)}
+
+
+def _verified_path(output_path: str, shard_key: str) -> str:
+    return work_path(output_path, "verified", f"{shard_key}.parquet")
+
+
+def verify_shard(output_path: str, keys: list[str], threshold: float,
+                  item: tuple[int, np.ndarray, list[int]]) -> dict[str, Any]:
+    """Phase 4: the candidate pairs whose later document is in one shard, checked on their n-gram sets."""
+    ordinal, pairs, sources = item
+    paths = [_sets_path(output_path, keys[s], keys[ordinal]) for s in sources]
+    sets = pa.concat_tables([read_work_table(output_path, p) for p in paths])
+    docs = sets.column("doc").to_numpy()
+    ngrams = sets.column("ngrams").combine_chunks()
+    values, offsets = ngrams.values.to_numpy(), ngrams.offsets.to_numpy()
+    at_a, at_b = np.searchsorted(docs, pairs[:, 0]), np.searchsorted(docs, pairs[:, 1])
+    if len(pairs) and not ((docs[np.minimum(at_a, len(docs) - 1)] == pairs[:, 0]).all()
+                           and (docs[np.minimum(at_b, len(docs) - 1)] == pairs[:, 1]).all()):
+        raise missing_work(output_path, ", ".join(paths))
+    similarity = np.array([jaccard(values[offsets[i]:offsets[i + 1]], values[offsets[j]:offsets[j + 1]])
+                           for i, j in zip(at_a.tolist(), at_b.tolist(), strict=True)], dtype=np.float64)
+    keep = similarity >= threshold
+    kept = {side: pa.array(at[keep]) for side, at in (("a", at_a), ("b", at_b))}
+    table = pa.table({
+        "a": pa.array(pairs[keep, 0], pa.uint64()), "b": pa.array(pairs[keep, 1], pa.uint64()),
+        "jaccard": pa.array(similarity[keep], pa.float64()),
+        **{f"{side}_{name}": sets.column(name).take(kept[side])
+           for side in "ab" for name in ("id", "source", "snippet")}})
+    write_shard(table, _verified_path(output_path, keys[ordinal]))
+    return {"candidates": len(pairs), "verified": int(keep.sum())}
+
+
+def _components(a: list[int], b: list[int]) -> list[int]:
+    """Sizes of the connected components of the graph with edges (a[i], b[i]) (union-find)."""
+    parent: dict[int, int] = {}
+
+    def root(x: int) -> int:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for x, y in zip(a, b, strict=True):
+        rx, ry = root(x), root(y)
+        if rx != ry:
+            parent[max(rx, ry)] = min(rx, ry)
+    sizes: dict[int, int] = {}
+    for x in parent:
+        r = root(x)
+        sizes[r] = sizes.get(r, 0) + 1
+    return list(sizes.values())
+
+
+def cluster(output_path: str, keys: list[str], verified_ordinals: list[int], item: str) -> dict[str, Any]:
+    """Phase 5: in key order, a document is removed iff it has a verified pair with an earlier kept document."""
+    parts = [read_work_table(output_path, _verified_path(output_path, keys[o]), ["a", "b", "jaccard"])
+             for o in verified_ordinals]
+    table = pa.concat_tables(parts) if parts else pa.table({"a": pa.array([], pa.uint64()),
+                                                            "b": pa.array([], pa.uint64()),
+                                                            "jaccard": pa.array([], pa.float64())})
+    a, b, similarity = (table.column(n).to_numpy() for n in ("a", "b", "jaccard"))
+    order = np.lexsort((a, -similarity, b))  # each document's earlier twins, the most similar first
+    removed: dict[int, tuple[int, float]] = {}
+    for x, y, s in zip(a[order].tolist(), b[order].tolist(), similarity[order].tolist(), strict=True):
+        if y not in removed and x not in removed:
+            removed[y] = (x, s)
+    gone = np.array(sorted(removed), dtype=np.uint64)
+    counts: dict[str, int] = {}
+    for ordinal in np.unique(gone >> ROW_BITS).tolist():
+        rows = (gone[(gone >> ROW_BITS) == ordinal] & ROW_MASK).astype(np.int64)
+        save_array(work_path(output_path, "clusters", f"{keys[ordinal]}.npy"), rows)
+        counts[keys[ordinal]] = len(rows)
+    sizes = _components(a.tolist(), b.tolist())
+    histogram: dict[str, int] = {}
+    for size in sorted(sizes):
+        histogram[str(size)] = histogram.get(str(size), 0) + 1
+    return {"removed": counts, "verified_pairs": len(a), "clusters": len(sizes),
+            "largest_cluster": max(sizes, default=0), "cluster_sizes": histogram,
+            "sample": _sample(output_path, keys, removed)}
+
+
+def _sample(output_path: str, keys: list[str], removed: dict[int, tuple[int, float]]) -> list[dict[str, Any]]:
+    """Up to `SAMPLE` removed pairs: the least similar half (where a wrong removal would be), then a spread
+    (by a hash of the document key), read back from the verified pairs of their shards."""
+    least = sorted(removed, key=lambda y: (removed[y][1], y))[:SAMPLE // 2]
+    rest = np.array(sorted(set(removed) - set(least)), dtype=np.uint64)
+    spread = rest[np.argsort(mix(rest), kind="stable")][:SAMPLE - len(least)].tolist()
+    chosen = sorted(least + spread)
+    found = []
+    for ordinal, group in itertools.groupby(chosen, key=lambda y: y >> 32):
+        wanted = {(removed[y][0], y) for y in group}
+        table = read_work_table(output_path, _verified_path(output_path, keys[ordinal])).to_pylist()
+        found += [row for row in table if (row["a"], row["b"]) in wanted]
+    return [{"removed_id": r["b_id"], "removed_source": r["b_source"], "kept_id": r["a_id"],
+             "kept_source": r["a_source"], "jaccard": round(r["jaccard"], 4), "removed_snippet": r["b_snippet"],
+             "kept_snippet": r["a_snippet"]} for r in found]
+
+
+def split_by(rows: np.ndarray, group: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """`rows` split by `group` (one value per row), groups in ascending order, rows in their order."""
+    if not len(rows):
+        return []
+    order = np.argsort(group, kind="stable")
+    values, first = np.unique(group[order], return_index=True)
+    return list(zip(values.tolist(), np.split(rows[order], first[1:]), strict=True))
+
+
+def verification_plan(pairs: np.ndarray) -> tuple[list[tuple[int, np.ndarray]], list[tuple[int, np.ndarray,
+                                                                                                 list[int]]]]:
+    """The items of phases 3 and 4. A pair is verified by the task of its later document's shard; each document's n-gram
+    set is made once, by the task of its own shard, and sent to every verification task that needs it."""
+    destination = pairs[:, 1] >> ROW_BITS
+    needs = unique_pairs(np.concatenate([pairs[:, 0], pairs[:, 1]]), np.concatenate([destination, destination]))
+    gather = split_by(needs, needs[:, 0] >> ROW_BITS)
+    verify = [(d, mine, np.unique(mine >> ROW_BITS).tolist()) for d, mine in split_by(pairs, destination)]
+    return gather, verify

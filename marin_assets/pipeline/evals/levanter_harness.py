@@ -1,0 +1,157 @@
+"""The one place that touches Levanter's lm-eval harness internals (pinned Levanter; see
+`tests/test_private_apis.py`): `levanter.eval_harness._LmEvalHarnessWorker` and its `LevanterHarnessLM`
+wrapped as an lm-eval `LM` that scores a continuation as training sees it, in one process. Levanter
+is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from marin_assets.pipeline.tokens.tokenizer import model_vocab_size
+from marin_assets.pipeline.training.export import is_hf_model
+from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
+
+
+@functools.cache
+def lm_class() -> type:
+    """The lm-eval model class (built on first use: Levanter and lm-eval are imported only where it runs)."""
+    import jax
+    import numpy as np
+    from levanter.data.loader import stack_batches
+    from levanter.data.packing import PromptCompletion, greedy_pack_prompt_completions
+    from levanter.eval_harness import LevanterHarnessLM, get_segment_ids_from_batch
+    from lm_eval.api.model import TemplateLM
+
+    class FramedHarnessLM(LevanterHarnessLM):
+        """Levanter's lm-eval model, tokenizing as lm-eval's `TemplateLM` does behind the document-start token."""
+
+        def __init__(self, leader: Any):
+            super().__init__(leader)
+            self.truncated: dict[str, int] = {}
+            """Task → requests whose context was cut from the left to fit the model's length."""
+
+        @property
+        def prefix_token_id(self) -> int:
+            """The token training put before every document: BOS, else EOS (which ends the one before)."""
+            bos = self.tokenizer.bos_token_id
+            return bos if bos is not None else self.tokenizer.eos_token_id
+
+        def tok_encode(self, string, add_special_tokens=None, left_truncate_len=None, **kwargs):
+            """Token ids of text alone: never the post-processor's BOS/EOS."""
+            ids = self.tokenizer(string, add_special_tokens=False, return_attention_mask=False).input_ids
+            return ids[-left_truncate_len:] if left_truncate_len else ids
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            """lm-eval's encoding of each (context, continuation), then `_loglikelihood_tokens`; counts per task
+            the requests cut to the model's length in `truncated`."""
+            self._cut: list[int] = []
+            scored = TemplateLM.loglikelihood(self, requests, disable_tqdm=disable_tqdm)
+            for i in self._cut:
+                self.truncated[requests[i].task_name] = self.truncated.get(requests[i].task_name, 0) + 1
+            return scored
+
+        def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False):
+            """Score tokenized requests, packed several to a sequence (attention stays within each), in batches.
+
+            Each is the document-start token, the context and the continuation, cut from the left to the
+            model's length; the continuation's tokens are scored."""
+            Pos, prefix = self.EvalPos, self.prefix_token_id
+            sequences = []
+            for i, (_, context, continuation) in enumerate(requests):
+                context = context if context[:1] == [prefix] else [prefix, *context]
+                ids = (context + continuation)[-Pos.size:]
+                if len(context) + len(continuation) > Pos.size:
+                    self._cut.append(i)
+                sequences.append(PromptCompletion(ids=ids, prompt_length=max(len(ids) - len(continuation), 1),
+                                                  segment_id=i))
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else prefix
+            packed = greedy_pack_prompt_completions(Pos, sequences, pad_token=pad,
+                                                    max_segments_per_example=self.leader.max_packed_segments)
+            logprobs, greedy = np.zeros(len(requests)), np.zeros(len(requests), dtype=bool)
+            covered = np.zeros(len(requests), dtype=bool)
+            for batch in stack_batches(iter(packed), Pos, self.EvalBatch):
+                expected = set(get_segment_ids_from_batch(batch, self.leader.max_packed_segments * self.EvalBatch.size))
+                ids, lls, correct = (jax.device_get(a.array) for a in self.leader.dispatch_loglikelihood(batch))
+                valid = ids != -1
+                if set(ids[valid].tolist()) != expected:
+                    raise RuntimeError(f"scored segments {sorted(set(ids[valid].tolist()))} are not the batch's"
+                                       f" {sorted(expected)}")
+                logprobs[ids[valid]], greedy[ids[valid]] = lls[valid], correct[valid]
+                covered[ids[valid]] = True
+            if not covered.all():
+                raise RuntimeError(f"requests {np.where(~covered)[0][:10].tolist()} were not scored")
+            return [(float(lp), bool(g)) for lp, g in zip(logprobs, greedy, strict=True)]
+
+    return FramedHarnessLM
+
+
+@contextlib.contextmanager
+def harness_model(checkpoint: str, model: ModelSpec, tokenizer_path: str, vocab_size: int | None = None,
+                  batch_size: int = 8, platform: str | None = None) -> Iterator[Any]:
+    """A Levanter checkpoint (or Hugging Face folder) as an lm-eval model (`lm_eval.api.model.LM`), for
+    `lm_eval.simple_evaluate(model=…)`: loglikelihoods of `batch_size` packed sequences at a time.
+
+    `vocab_size`: rows of the model's embedding (None: as a fresh training run sizes it)."""
+    from marin_assets.pipeline.training.levanter_trainer import use_platform
+
+    use_platform(platform, f"harness evaluation of {checkpoint}")  # before Levanter starts JAX
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    from levanter.checkpoint import load_checkpoint
+    from levanter.compat.hf_checkpoints import load_tokenizer
+    from levanter.eval_harness import _LmEvalHarnessWorker
+    from levanter.utils.jax_utils import use_cpu_device
+    from levanter.utils.tree_utils import inference_mode
+
+    from marin_assets.pipeline.training.levanter_model import (
+        model_config,
+        model_vocab_view,
+        write_reference_config,
+    )
+    from marin_assets.pipeline.training.levanter_trainer import trainer_config
+
+    is_hf = is_hf_model(checkpoint)
+    vocab = vocab_size or model_vocab_size(tokenizer_path, model.vocab_multiple)
+    tokenizer = load_tokenizer(tokenizer_path)
+    with tempfile.TemporaryDirectory(prefix="marin-harness-") as scratch:
+        config = model_config(model, write_reference_config(model, vocab, os.path.join(scratch, "ref")),
+                              tokenizer_path)
+        trainer = trainer_config(TrainerSpec(num_train_steps=1, train_batch_size=batch_size), "harness", scratch,
+                                 "marin.harness", require_accelerator=platform not in (None, "cpu"))
+        with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
+            if is_hf:
+                # Levanter cuts a Hugging Face model's vocabulary to `len(tokenizer)`: a view says the model's
+                converter = config.hf_checkpoint_converter().replaced(reference_checkpoint=checkpoint,
+                                                                      tokenizer=model_vocab_view(tokenizer, vocab))
+                lm_model = converter.load_pretrained(config.model_type, ref=checkpoint,
+                                                     dtype=trainer.mp.compute_dtype)
+            else:
+                with use_cpu_device():
+                    lm_model = eqx.filter_eval_shape(config.build, hax.Axis("vocab", vocab), key=jax.random.PRNGKey(0))
+                    lm_model = load_checkpoint(lm_model, checkpoint, subpath="model")
+                lm_model = hax.shard(lm_model, trainer.parameter_axis_mapping)
+            lm_model = inference_mode(lm_model, True)
+            worker = _LmEvalHarnessWorker(trainer.TrainBatch, lm_model.Pos, lm_model, trainer.compute_axis_mapping,
+                                          tokenizer, trainer.mp, max_packed_segments=64)
+            yield lm_class()(worker)
+
+
+@contextlib.contextmanager
+def single_process_bootstrap() -> Iterator[None]:
+    """lm-eval bootstraps stderrs in a process pool unless `DISABLE_MULTIPROC` is set: not inside a worker."""
+    before = os.environ.get("DISABLE_MULTIPROC")
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DISABLE_MULTIPROC", None)
+        else:
+            os.environ["DISABLE_MULTIPROC"] = before

@@ -1,0 +1,113 @@
+"""Any evaluation kind as steps: one checkpoint of a training run (`eval_step`), or every checkpoint as it
+lands (`CheckpointEvals`, served as one partitioned asset by `marin_assets.dagster.checkpoint_evals`).
+
+Identity is the kind's own attributes plus the checkpoint: a final step depends on the training step
+(and reads its record); a per-checkpoint step runs while training goes on, before that record exists,
+so the run's identity enters its hash_attrs instead (`checkpoint_of`) and the model and tokenizer come
+from the typed `TrainStep`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from marin_assets.core.identity import identity_hash
+from marin_assets.core.record import load_result
+from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
+from marin_assets.pipeline.evals.kind import Checkpoint, EvalKind
+from marin_assets.pipeline.training.export import ExportResult
+from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.runner import platform_for
+
+
+@dataclass(frozen=True, eq=False)
+class EvalStep(Step):
+    """An evaluation of a training run's checkpoint: reports and sensors find evaluations by this type."""
+
+    evaluates: Step = field(kw_only=True)
+    """The training step whose checkpoint (or export) is evaluated."""
+    eval_kind: EvalKind = field(kw_only=True)
+    """What is computed."""
+    checkpoint_step: int | None = field(default=None, kw_only=True)
+    """Which checkpoint; None: the last."""
+
+
+def eval_step(name: str, kind: EvalKind, train: Step, checkpoint_step: int | None = None, *,
+              export: Step | None = None, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
+    """Evaluate checkpoint `checkpoint_step` (default: the last) of a training step — or `export`, a Hugging
+    Face export of it (`export_step`) — with `kind`, on `gpu` CUDA GPUs when asked."""
+    if not isinstance(train, Step):
+        raise StepDefinitionError(f"step {name!r}: evaluates {train!r}, which is not a step")
+    resources = Resources(cpu=1, gpu=gpu, gpu_type=gpu_type)
+
+    def run(out: str) -> Any:
+        result = load_result(train, TrainResult)
+        model, tokenizer = result.model_and_tokenizer()
+        path = load_result(export, ExportResult).path if export else result.checkpoint_path(checkpoint_step)
+        return kind.evaluate(out, Checkpoint(path, model, tokenizer, result.vocab_size, platform_for(resources)))
+
+    return EvalStep(name=name, fn=run, deps=[train, *kind.deps, *([export] if export else [])],
+                    hash_attrs={**kind.identity(), "checkpoint_step": checkpoint_step}, resources=resources,
+                    kind="eval", description=made_by(kind.function), kinds=list(kind.tags), checks=kind.checks(),
+                    evaluates=train, eval_kind=kind, checkpoint_step=checkpoint_step)
+
+
+@dataclass(frozen=True)
+class CheckpointEvals:
+    """Evaluate each checkpoint of `train` with `kind` as it lands: one step per checkpoint, served as one
+    partitioned asset (`marin_assets.dagster.checkpoint_evals`)."""
+
+    name: str
+    """Asset name (`evals/tiny-llama-checkpoints`); checkpoint N's output is `{name}/step-N_{hash}`."""
+    train: TrainStep
+    """The training step whose checkpoints are evaluated."""
+    kind: EvalKind
+    """What is computed on each."""
+
+    def _attrs(self) -> dict[str, Any]:
+        return {"checkpoint_of": self.train.name_with_hash, **self.kind.identity()}
+
+    @property
+    def hash(self) -> str:
+        """Identity of the evaluation setup (each checkpoint adds its step)."""
+        return identity_hash(self.name, self._attrs(), sorted(d.name_with_hash for d in self.kind.deps))
+
+    @property
+    def deps(self) -> list[Step]:
+        """Upstream assets besides the training step."""
+        return list(self.kind.deps)
+
+    @property
+    def description(self) -> str:
+        """What the partitioned asset shows."""
+        function = self.kind.function
+        return (f"{self.kind.summary()[:1].upper()}{self.kind.summary()[1:]} of every checkpoint of"
+                f" `{self.train.name}`, one partition per checkpoint step, added by the checkpoint sensor as each"
+                f" lands. Made by `{function.__module__}.{function.__qualname__}`.")
+
+    def step(self, checkpoint: int) -> EvalStep:
+        """The evaluation of checkpoint step `checkpoint`: not a dependency of training, which may still run."""
+        train, kind = self.train, self.kind
+
+        def run(out: str) -> Any:
+            return kind.evaluate(out, Checkpoint(train.checkpoint_path(checkpoint), train.model,
+                                                 train.tokenizer_path(), train.vocab_size()))
+
+        return EvalStep(name=f"{self.name}/step-{checkpoint}", fn=run, deps=list(kind.deps),
+                        hash_attrs={**self._attrs(), "checkpoint_step": checkpoint}, resources=Resources(cpu=1),
+                        kind="eval", description=made_by(kind.function), kinds=list(kind.tags), checks=kind.checks(),
+                        evaluates=train, eval_kind=kind, checkpoint_step=checkpoint)
+
+    def numbers(self, result: Mapping[str, Any]) -> dict[str, float]:
+        """A partition's numbers (Dagster plots them across partitions)."""
+        return self.kind.numbers(result)
+
+    def row(self, result: Mapping[str, Any]) -> dict[str, float | None]:
+        """A checkpoint's row of the all-checkpoints table."""
+        return self.kind.row(result)
+
+    def columns(self) -> list[str]:
+        """The all-checkpoints table's columns after `step`."""
+        return self.kind.columns()

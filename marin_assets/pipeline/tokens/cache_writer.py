@@ -1,0 +1,277 @@
+"""Writing a text cache: files appended, in order, into one Levanter cache with a resumable ledger, or
+tokenized one sub-cache per file and merged — the part of `tokenize` that writes arrays.
+
+A cache's ledger (`shard_ledger.json`) records each file's committed rows, so a crash loses at most
+one commit and a re-run continues where it stopped: finished files are skipped, the file being
+written continues after its committed documents. Reading and decompressing (a thread), tokenizing
+(Rust, off the GIL) and writing (a thread) overlap.
+
+Empty documents — no text, or only whitespace — are dropped in every format (`text-lines` and JSON
+lines never had blank *lines* as documents; a blank `text-file` file is one dropped document): their
+`[BOS, EOS]` would teach a model nothing but "documents may be empty". Each file's count is committed
+with its rows, in the ledger's `field_counts` (`empty_documents_dropped/<shard>`), so a resumed file
+skips exactly what it read before and the count survives a crash.
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+from marin_assets.core.paths import join_path
+from marin_assets.execution.fanout import fan_out
+from marin_assets.pipeline.data.readers import format_of, iter_text_batches
+from marin_assets.pipeline.tokens import levanter_cache as lc
+from marin_assets.pipeline.tokens.encoders import encoder, hf_tokenizer
+
+BATCH_CHARACTERS = 1 << 20
+"""Texts are encoded in batches of about this many characters (fastokens needs large batches)."""
+EMPTY_DROPPED = "empty_documents_dropped"
+"""The ledger's `field_counts` key prefix (`empty_documents_dropped/<shard>`) and the record's field name."""
+
+
+class CacheCounts(NamedTuple):
+    """What a cache (or sub-cache) holds: documents (rows), tokens, and the empty documents dropped."""
+
+    documents: int
+    tokens: int
+    empty_documents_dropped: int = 0
+
+
+def is_empty(text: str) -> bool:
+    """No text, or only whitespace: a document that is dropped."""
+    return not text or text.isspace()
+
+
+@functools.lru_cache(maxsize=8)
+def text_processor(tokenizer_path: str):
+    """Levanter's processor for a tokenizer folder: the cache's exemplar and the ledger metadata Levanter
+    compares when it loads the cache for training (loaded once per process and path)."""
+    return lc.batch_tokenizer(hf_tokenizer(tokenizer_path), "text")
+
+
+def _dropped_in(field_counts: dict[str, int]) -> dict[str, int]:
+    """{shard: empty documents dropped} from a ledger's field counts."""
+    prefix = EMPTY_DROPPED + "/"
+    return {k[len(prefix):]: v for k, v in field_counts.items() if k.startswith(prefix)}
+
+
+def _commit(cache_dir: str, rows: int, shard_rows: dict, finished: list, done: bool, metadata,
+            dropped: dict[str, int] | None = None):
+    counts = {f"{EMPTY_DROPPED}/{shard}": n for shard, n in (dropped or {}).items() if n}
+    ledger = lc.new_ledger(rows, shard_rows, finished, done, metadata, field_counts=counts)
+    lc.commit_ledger(cache_dir, ledger)
+    return ledger
+
+
+def _text_batches(file: str, text_field: str, text_format: str, skip: int) -> Iterator[tuple[list[str], int]]:
+    """(texts, empty documents dropped before and among them) of the file's documents after the first `skip`,
+    in batches of about BATCH_CHARACTERS characters; a last `([], n)` carries empties after the last text."""
+    batch: list[str] = []
+    size = dropped = 0
+    seen = False
+    for texts in iter_text_batches(file, text_field=text_field, text_format=text_format, batch_size=1024, skip=skip):
+        for text in texts:
+            seen = True
+            if is_empty(text):
+                dropped += 1
+                continue
+            batch.append(text)
+            size += len(text)
+            if size >= BATCH_CHARACTERS:
+                yield batch, dropped
+                batch, size, dropped = [], 0, 0
+    if not seen and not skip and format_of(file, text_format) == "text-file":
+        dropped += 1  # the reader yields no document for a blank file
+    if batch or dropped:
+        yield batch, dropped
+
+
+def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str = "text",
+                  rows_per_commit: int = 8192, text_format: str = "auto", framing: str = "bos_eos",
+                  backend: str = "tokenizers") -> CacheCounts:
+    """One input file → one sub-cache with its own ledger (a fanned-out task's share); resumable."""
+    label = part_dir.rstrip("/").rsplit("/", 1)[-1]
+    return tokenize_files([file], part_dir, tokenizer_path, text_field, rows_per_commit, text_format, framing,
+                          backend, labels=[label])
+
+
+def _shard_name(label: str, file: str) -> str:
+    """A file's shard in a ledger: unique within the split even when two folders hold files of one name."""
+    return f"{label}-{file.rstrip('/').rsplit('/', 1)[-1]}".replace(".", "_")
+
+
+def finished_counts(cache_dir: str, tokenizer_path: str) -> CacheCounts | None:
+    """Counts of a cache whose ledger is finished (a re-run after a late crash), else None."""
+    ledger = lc.load_ledger(cache_dir)
+    if ledger is None or not ledger.is_finished:
+        return None
+    store = lc.open_store(text_processor(tokenizer_path).output_exemplar, cache_dir, mode="r")
+    return CacheCounts(ledger.total_num_rows, int(store.tree["input_ids"].data_size),
+                       sum(_dropped_in(ledger.field_counts).values()))
+
+
+def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, text_field: str = "text",
+                   rows_per_commit: int = 8192, text_format: str = "auto", framing: str = "bos_eos",
+                   backend: str = "tokenizers", labels: Sequence[str] | None = None) -> CacheCounts:
+    """Input files, in order, appended to one cache whose ledger records each file's committed rows (and
+    empty documents dropped); resumes from its last commit (finished files are skipped, the current one
+    continues). Returns the cache's counts."""
+    from levanter.store.jagged_array import PreparedBatch
+
+    finished_already = finished_counts(cache_dir, tokenizer_path)
+    if finished_already is not None:
+        return finished_already
+    processor = text_processor(tokenizer_path)
+    metadata = lc.cache_metadata(processor)
+    encode = encoder(tokenizer_path, framing, backend).encode
+    shards = [_shard_name(label, f) for label, f in zip(labels or [f"{i:05d}" for i in range(len(files))], files,
+                                                         strict=True)]
+    ledger = lc.load_ledger(cache_dir)
+    if ledger is None:
+        ledger = _commit(cache_dir, 0, {}, [], False, metadata)
+    store = lc.open_store(processor.output_exemplar, cache_dir, mode="a")
+    if len(store) > ledger.total_num_rows:  # crashed after writing, before committing
+        lc.expose_rows(store, ledger.total_num_rows)
+    shard_rows, finished = dict(ledger.shard_rows), list(ledger.finished_shards)
+    dropped = _dropped_in(ledger.field_counts)
+    done = {"rows": ledger.total_num_rows}
+    for file, shard in zip(files, shards, strict=True):
+        if shard in finished:
+            continue
+        # The file being tokenized when a previous attempt stopped: skip what it read (kept and dropped).
+        skip = shard_rows.get(shard, 0) + dropped.get(shard, 0)
+        before = done["rows"] - shard_rows.get(shard, 0)  # rows of the cache before this file
+
+        def commit(shard: str = shard, before: int = before) -> None:
+            shard_rows[shard] = done["rows"] - before
+            _commit(cache_dir, done["rows"], shard_rows, finished, False, metadata, dropped)
+
+        _append_file(file, shard, store, encode, PreparedBatch, text_field, text_format, rows_per_commit, commit,
+                     done, dropped, skip)
+        finished.append(shard)
+        commit()
+    _commit(cache_dir, done["rows"], shard_rows, finished, True, metadata, dropped)
+    return CacheCounts(done["rows"], int(store.tree["input_ids"].data_size), sum(dropped.values()))
+
+
+def _append_file(file: str, shard: str, store: Any, encode: Any, prepared: Any, text_field: str, text_format: str,
+                 rows_per_commit: int, commit: Any, done: dict[str, int], dropped: dict[str, int], skip: int) -> None:
+    """Append one file's documents after its first `skip` to `store`, calling `commit()` every
+    `rows_per_commit` documents, when `done["rows"]` and `dropped[shard]` count exactly what was written.
+
+    Three stages overlap: reading and decompressing (reader thread), tokenizing (here; both Rust
+    tokenizers release the GIL), writing and committing in order (writer thread).
+    """
+    batches: queue.Queue = queue.Queue(maxsize=4)
+    tokenized: queue.Queue = queue.Queue(maxsize=4)
+    failure: dict[str, BaseException] = {}
+
+    def read() -> None:
+        try:
+            for batch in _text_batches(file, text_field, text_format, skip):
+                batches.put(batch)
+        except BaseException as e:
+            failure["read"] = e
+        finally:
+            batches.put(None)
+
+    def write() -> None:
+        pending: list[Any] = []
+        rows = empties = 0
+        ended = False
+        try:
+            while (item := tokenized.get()) is not None:
+                batch, batch_empties = item
+                empties += batch_empties
+                if batch is not None:
+                    pending.append(batch)
+                    rows += batch.num_rows
+                if rows >= rows_per_commit:
+                    store.extend_with_batch({"input_ids": prepared.concat(pending)})
+                    done["rows"] += rows
+                    dropped[shard] = dropped.get(shard, 0) + empties
+                    pending, rows, empties = [], 0, 0
+                    commit()
+            ended = True
+            if pending:
+                store.extend_with_batch({"input_ids": prepared.concat(pending)})
+                done["rows"] += rows
+            dropped[shard] = dropped.get(shard, 0) + empties
+        except BaseException as e:
+            failure["write"] = e
+            while not ended and tokenized.get() is not None:  # keep the producer from blocking
+                pass
+
+    reader = threading.Thread(target=read, name=f"read {shard}", daemon=True)
+    writer = threading.Thread(target=write, name=f"write {shard}", daemon=True)
+    reader.start()
+    writer.start()
+    try:
+        while (item := batches.get()) is not None:
+            texts, empties = item
+            tokenized.put((prepared(*encode(texts), None) if texts else None, empties))
+    finally:
+        tokenized.put(None)
+        writer.join()
+        while reader.is_alive():  # drain so a failed tokenizer does not leave the reader blocked
+            if batches.get() is None:
+                break
+        reader.join()
+    if failure:
+        raise failure.get("read") or failure["write"]
+
+
+def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str) -> None:
+    """Concatenate finished sub-caches, in order, into one finished cache; resumable."""
+    processor = text_processor(tokenizer_path)
+    exemplar = processor.output_exemplar
+    ledger = lc.load_ledger(cache_dir)
+    if ledger is not None and ledger.is_finished:
+        return
+    if ledger is None:
+        ledger = _commit(cache_dir, 0, {}, [], False, lc.cache_metadata(processor))
+    dest = lc.open_store(exemplar, cache_dir, mode="a")
+    if len(dest) > ledger.total_num_rows:
+        lc.expose_rows(dest, ledger.total_num_rows)
+    for part in part_dirs:
+        part_ledger = lc.load_ledger(part)
+        if part_ledger is None or not part_ledger.is_finished:
+            raise RuntimeError(f"sub-cache {part} is not finished")
+        if all(s in ledger.finished_shards for s in part_ledger.finished_shards):
+            continue
+        rows = ledger.total_num_rows
+        offsets = {k: v.data_size for k, v in dest.tree.items()}
+        lc.append_cache(cache_dir, part, exemplar, offsets, rows)
+        lc.expose_rows(dest, rows + part_ledger.total_num_rows)
+        ledger.total_num_rows += part_ledger.total_num_rows
+        ledger.shard_rows.update(part_ledger.shard_rows)
+        ledger.finished_shards.extend(part_ledger.finished_shards)
+        ledger.field_counts.update(part_ledger.field_counts)  # per-shard keys: each part's own
+        lc.commit_ledger(cache_dir, ledger)
+    ledger.is_finished = True
+    lc.commit_ledger(cache_dir, ledger)
+
+
+def _tokenize_part(options: dict[str, Any], file_and_part: tuple[str, str]) -> CacheCounts:
+    """One file of a fan-out (module level: pickles by reference onto Ray workers)."""
+    file, part_dir = file_and_part
+    return tokenize_file(file, part_dir, **options)
+
+
+def tokenize_split(files: Sequence[str], cache_dir: str, parts_dir: str, workers: int, **options: Any) -> CacheCounts:
+    """One split: straight into its cache in this process, or — with `workers > 1` — one sub-cache per
+    file across Ray tasks *and* this process (`fan_out` never waits on CPUs nobody frees), then merged."""
+    if workers <= 1 or len(files) <= 1:
+        return tokenize_files(files, cache_dir, **options)
+    parts = [join_path(parts_dir, f"{i:05d}") for i in range(len(files))]
+    counts = [CacheCounts(*c) for c in fan_out(list(zip(files, parts, strict=True)),
+                                               functools.partial(_tokenize_part, options),
+                                               claim_path_of=lambda item: item[1].rstrip("/") + ".claim",
+                                               workers=workers, name=f"tokenize {len(files)} files")]
+    if sum(c.documents for c in counts):
+        merge_parts(parts, cache_dir, options["tokenizer_path"])
+    return CacheCounts(*(sum(c[i] for c in counts) for i in range(3)))

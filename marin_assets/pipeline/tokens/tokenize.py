@@ -1,0 +1,285 @@
+"""Tokenize: a Levanter cache (one per split) from a raw dataset and a tokenizer, exact and fast — the
+step, its record (`TokenizedCache`, shared by chat and pretokenized caches) and its checks.
+
+With one worker (the default: the Rust tokenizers already use every core of the node)
+the files are appended, in order, straight into `{output}/{split}`, whose ledger records each
+file's committed rows, so a crash loses at most one commit and a re-run continues where it
+stopped. With `workers > 1` each file becomes its own sub-cache, tokenized by Ray tasks across
+a cluster's nodes *and* by the step's own process (`execution.fanout`: it never waits on CPUs
+nobody frees), and the finished sub-caches are concatenated in this process. Levanter's own Ray
+builder is not used: on a small cluster its copy tasks ask for 4 CPUs and 6 GiB and wait forever.
+The writing — files into a cache, sub-caches merged, empty documents dropped and counted — is
+`cache_writer.py`'s.
+
+Documents are framed with BOS/EOS *ids* (`encoders.py`), and ids never become Python ints on the
+fast path: fastokens (when it agrees with Hugging Face `tokenizers` on a sample of this input)
+returns one buffer per batch, framed with numpy and written to the cache as a prepared batch.
+A cache is tied to its tokenizer and framing: extending a cache built otherwise is refused.
+Levanter is reached only through `levanter_cache` and only inside functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+
+from marin_assets.core.checks import Check, CheckOutcome
+from marin_assets.core.files import atomic_write, read_bytes
+from marin_assets.core.paths import join_path
+from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
+from marin_assets.pipeline.data.text_files import DatasetError, expand_files, find_splits, iter_text_batches
+from marin_assets.pipeline.tokens.cache_writer import finished_counts, tokenize_split
+from marin_assets.pipeline.tokens.encoders import BACKENDS, FRAMINGS, Framing, choose_backend, encoder, hf_tokenizer
+from marin_assets.pipeline.tokens.levanter_cache import refuse_unsupported_array_store
+from marin_assets.pipeline.tokens.tokenizer import largest_token_id
+
+FINGERPRINT_FILE = "tokenizer_fingerprint.json"
+PARTS_DIR = ".parts"
+SAMPLE_CHARACTERS = 1 << 15
+"""Characters read from the start of each of the first few files to check backend parity: enough
+to meet the input's scripts, whitespace and special-token text, small enough to cost well under a
+second with the slower tokenizer."""
+
+
+class TokenizerMismatchError(ValueError):
+    """An existing cache was built with a different tokenizer or framing."""
+
+
+@dataclass(frozen=True)
+class SplitStats:
+    """Documents, tokens and input files of one split of a cache."""
+
+    documents: int
+    tokens: int
+    files: int
+    empty_documents_dropped: int = 0
+    """Documents with no text or only whitespace, left out of the cache (0 in records made before they were
+    counted, when JSON lines and parquet kept them as `[BOS, EOS]`)."""
+
+
+@dataclass(frozen=True)
+class TokenizedCache:
+    """A Levanter cache: `{path}/{split}` for each split, built with `tokenizer`."""
+
+    path: str
+    tokenizer: str
+    tokenizer_fingerprint: str
+    vocab_size: int
+    """Largest token id + 1: what a model's embedding must cover (tokenizers may have id gaps)."""
+    splits: dict[str, SplitStats]
+    tokens_per_second: float = 0.0
+    framing: Framing | None = None
+    """The ids around every document (None in records made before framing was explicit)."""
+    backend: str = ""
+    """`fastokens` or `tokenizers`: which implementation produced the ids."""
+    backend_reason: str = ""
+    """Why that backend: the parity check's outcome, or the user's request."""
+    text_format: str = "auto"
+    chat_template: str | None = None
+    """Set for a chat cache (ids and assistant masks per conversation: Levanter's chat format, loss on the
+    assistant tokens only), to the template it was rendered with (`pipeline/tokens/chat.py`); None: a text cache."""
+    assistant_tokens: dict[str, int] = field(default_factory=dict)
+    """Per split of a chat cache, how many of its tokens carry loss (the assistant turns)."""
+
+
+def tokenizer_fingerprint(tokenizer_path: str) -> str:
+    """sha256 of the tokenizer's definition (`tokenizer.json`): what identifies it, wherever it lives."""
+    raw = read_bytes(join_path(tokenizer_path, "tokenizer.json"))
+    if raw is None:
+        raise TokenizerMismatchError(f"no tokenizer.json in {tokenizer_path}")
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def check_tokenizer(output_path: str, tokenizer_path: str, fingerprint: str, framing: Framing | None = None) -> None:
+    """Refuse to touch a cache made with another tokenizer or framing; claim an empty one for these."""
+    marker = join_path(output_path, FINGERPRINT_FILE)
+    raw = read_bytes(marker)
+    framed = dataclasses.asdict(framing) if framing is not None else None
+    if raw is not None:
+        found = json.loads(raw)
+        if found["fingerprint"] != fingerprint:
+            raise TokenizerMismatchError(
+                f"the cache at {output_path} was built with tokenizer {found['tokenizer']} (fingerprint"
+                f" {found['fingerprint']}); refusing to reuse it with {tokenizer_path} (fingerprint {fingerprint})"
+            )
+        if found.get("framing") != framed:
+            raise TokenizerMismatchError(f"the cache at {output_path} was built with framing {found.get('framing')};"
+                                         f" refusing to extend it with framing {framed}")
+        return
+    atomic_write(marker, json.dumps({"tokenizer": tokenizer_path, "fingerprint": fingerprint,
+                                     "framing": framed}).encode())
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab_size(tokenizer_path: str) -> int:
+    """Largest id + 1 of a (content-addressed, so unchanging) tokenizer folder."""
+    return largest_token_id(hf_tokenizer(tokenizer_path)) + 1
+
+
+def _parity_sample(files: Sequence[str], text_field: str, text_format: str) -> list[str]:
+    """The first documents (about SAMPLE_CHARACTERS of each) of the first few files: what the backend
+    parity check encodes both ways. A long document contributes its start."""
+    sample: list[str] = []
+    for file in files[:4]:
+        size = 0
+        for texts in iter_text_batches(file, text_field=text_field, text_format=text_format, batch_size=64):
+            for text in texts:
+                sample.append(text[:SAMPLE_CHARACTERS - size])
+                size += len(sample[-1])
+                if size >= SAMPLE_CHARACTERS:
+                    break
+            break
+    return sample
+
+
+def splits_and_config(config: str) -> str:
+    """Why `splits` and `config` are not given together."""
+    return (f"give splits= or config=, not both (config {config!r} chooses among the splits the layout holds;"
+            f" given splits, write the config folder into their globs: '{config}/…')")
+
+
+def splits_identity(what: str, splits: dict[str, list[str]] | None,
+                    config: str | None) -> tuple[dict[str, list[str]] | None, dict[str, Any]]:
+    """A tokenize step's splits (a copy; None: from the layout) and the identity they make: `splits` (or
+    `from-layout`), and `config` only when given — steps defined without it keep the identity they had."""
+    if splits and config is not None:
+        raise StepDefinitionError(f"{what}: {splits_and_config(config)}")
+    chosen = {k: list(v) for k, v in splits.items()} if splits is not None else None
+    attrs: dict[str, Any] = {"splits": chosen if chosen is not None else "from-layout"}
+    if config is not None:
+        attrs["config"] = config
+    return chosen, attrs
+
+
+def splits_to_read(dataset_path: str, splits: dict[str, list[str]] | None, config: str | None) -> dict[str, list[str]]:
+    """The splits to tokenize: `splits` as given, else those the dataset's layout holds (in its config folder
+    `config` when it has several). Given both, `splits`' globs would be relative to the root: refused."""
+    if splits and config is not None:
+        raise ValueError(splits_and_config(config))
+    return dict(splits) if splits else dict(find_splits(dataset_path, config))
+
+
+def tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
+             splits: dict[str, list[str]] | None = None, text_field: str = "text",
+             rows_per_commit: int = 8192, workers: int = 1, text_format: str = "auto",
+             framing: str = "bos_eos", backend: str = "auto", config: str | None = None) -> TokenizedCache:
+    """Tokenize a raw dataset's splits (`{split: [glob, …]}`; None: found from its layout, in the config
+    folder `config` when it has several) into a Levanter cache, resumably, each document framed by
+    `framing`'s ids. Empty documents (no text, or only whitespace) are dropped and counted per split."""
+    refuse_unsupported_array_store(output_path, "tokenize")
+    chosen = splits_to_read(dataset_path, splits, config)
+    fingerprint = tokenizer_fingerprint(tokenizer_path)
+    framed = encoder(tokenizer_path, framing).framing
+    check_tokenizer(output_path, tokenizer_path, fingerprint, framed)
+    started = time.monotonic()
+    files_of = {split: expand_files(dataset_path, patterns) for split, patterns in chosen.items()}
+    all_files = [f for files in files_of.values() for f in files]
+    if framing == "levanter":
+        choice_backend, choice_reason = "tokenizers", "framing 'levanter' runs Levanter's BatchTokenizer"
+    else:
+        choice = choose_backend(tokenizer_path, _parity_sample(all_files, text_field, text_format), backend)
+        choice_backend, choice_reason = choice.backend, choice.reason
+    options = dict(tokenizer_path=tokenizer_path, text_field=text_field, rows_per_commit=rows_per_commit,
+                   text_format=text_format, framing=framing, backend=choice_backend)
+    stats: dict[str, SplitStats] = {}
+    for split, files in files_of.items():
+        counts = finished_counts(join_path(output_path, split), tokenizer_path) or tokenize_split(
+            files, join_path(output_path, split), join_path(output_path, PARTS_DIR, split), workers, **options)
+        if counts.documents == 0:
+            dropped = counts.empty_documents_dropped
+            empties = f"; {dropped} empty documents dropped" if dropped else ""
+            raise DatasetError(f"split {split!r} of {dataset_path} has no documents ({len(files)} files{empties})")
+        stats[split] = SplitStats(counts.documents, counts.tokens, len(files), counts.empty_documents_dropped)
+    fs, root = fsspec.core.url_to_fs(join_path(output_path, PARTS_DIR))
+    if fs.exists(root):
+        fs.rm(root, recursive=True)  # merged: the sub-caches would only double the disk used
+    tokens = sum(s.tokens for s in stats.values())
+    vocab = _vocab_size(tokenizer_path)
+    return TokenizedCache(output_path, tokenizer_path, fingerprint, vocab, stats,
+                          round(tokens / max(time.monotonic() - started, 1e-9), 1), framed, choice_backend,
+                          choice_reason, text_format)
+
+
+def cache_not_empty(output_path: str, result: dict) -> CheckOutcome:
+    """Each split's Levanter ledger is finished and holds documents, and the record counted tokens."""
+    rows = {}
+    for split in result["splits"]:
+        ledger = json.loads(read_bytes(join_path(output_path, split, "shard_ledger.json")) or b"{}")
+        rows[split] = ledger.get("total_num_rows", 0) if ledger.get("is_finished") else 0
+    empty = sorted(s for s, n in rows.items() if n == 0 or result["splits"][s]["tokens"] == 0)
+    tokens = {f"{s}_tokens": result["splits"][s]["tokens"] for s in rows}
+    message = (f"empty or unfinished: {', '.join(empty)}" if empty
+               else ", ".join(f"{s}: {n} documents" for s, n in rows.items()))
+    return CheckOutcome(bool(rows) and not empty, message, {**{f"{s}_documents": n for s, n in rows.items()}, **tokens})
+
+
+def tokenizer_matches(tokenizer: Step) -> Check:
+    """The cache was built with the tokenizer the step declares, as that tokenizer is now."""
+
+    def check(output_path: str, result: dict) -> CheckOutcome:
+        found = json.loads(read_bytes(join_path(output_path, FINGERPRINT_FILE)) or b"{}").get("fingerprint")
+        declared = tokenizer_fingerprint(tokenizer.output_path)
+        if found == declared:
+            return CheckOutcome(True, f"built with {tokenizer.name} (fingerprint {declared[:12]})")
+        return CheckOutcome(False, f"built with a tokenizer of fingerprint {str(found)[:12]}, but {tokenizer.name} now"
+                                   f" has fingerprint {declared[:12]}", {"found": str(found), "declared": declared})
+
+    return Check("tokenizer_matches", check, "The cache was built with the declared tokenizer (same tokenizer.json).",
+                 blocking=True)
+
+
+CACHE_NOT_EMPTY = Check("cache_not_empty", cache_not_empty,
+                        "Every split is a finished Levanter cache with documents and tokens.", blocking=True)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenizeStep(Step):
+    """A tokenize step that knows, at definition time, which tokenizer step its cache is built with."""
+
+    tokenizer: Step = field(kw_only=True)
+    """The tokenizer step (its output folder is the tokenizer)."""
+    chat: bool | None = field(default=False, kw_only=True)
+    """Whether its cache is a chat cache (ids and assistant masks, `chat_tokenize_step`); None: known only once
+    it exists (a pretokenized cache), from its record."""
+
+
+def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, list[str]] | None = None,
+                  text_field: str = "text", workers: int = 1, cpu: float = 1, text_format: str = "auto",
+                  framing: str = "bos_eos", backend: str = "auto", config: str | None = None) -> TokenizeStep:
+    """A Levanter cache of `dataset`'s splits (`{split: [glob, …]}`, or None to find them from the
+    dataset's layout — in its config folder `config`, for a dataset with several) tokenized with
+    `tokenizer`'s folder.
+
+    `framing` (see `encoders.FRAMINGS`) enters identity, and so does `config` when given. `backend` does
+    not when it is `auto` (fastokens is used only where it matches `tokenizers` id for id) or `tokenizers`
+    (the reference); forcing `fastokens` does, since then ids may differ.
+    """
+    if framing not in FRAMINGS or backend not in BACKENDS:
+        raise StepDefinitionError(f"tokenize step {name!r}: framing must be one of {FRAMINGS} (got {framing!r})"
+                                  f" and backend one of {BACKENDS} (got {backend!r})")
+    chosen, hash_attrs = splits_identity(f"tokenize step {name!r}", splits, config)
+    hash_attrs.update({"text_field": text_field, "text_format": text_format, "framing": framing,
+                       "format": "levanter-cache-v2"})
+    if backend == "fastokens":
+        hash_attrs["backend"] = backend
+    return TokenizeStep(
+        name=name,
+        fn=lambda out: tokenize(out, dataset.output_path, tokenizer.output_path, chosen, text_field, workers=workers,
+                                text_format=text_format, framing=framing, backend=backend, config=config),
+        deps=[dataset, tokenizer],
+        hash_attrs=hash_attrs,
+        resources=Resources(cpu=cpu),
+        kind="tokenize",
+        description=made_by(tokenize),
+        kinds=["levanter"],
+        checks=[CACHE_NOT_EMPTY, tokenizer_matches(tokenizer)],
+        tokenizer=tokenizer,
+    )

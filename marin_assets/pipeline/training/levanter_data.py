@@ -1,0 +1,76 @@
+"""The data a Levanter run reads: a mixture of our caches (constant or staged weights, token budgets),
+each read in its own format (text, or chat with assistant masks). Levanter is imported inside functions.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from marin_assets.pipeline.training.levanter_model import model_vocab_view
+from marin_assets.pipeline.training.specs import MIXTURE_BLOCK_SIZE
+
+
+@functools.cache
+def _mixture_class():
+    from levanter.compat.hf_checkpoints import load_tokenizer
+    from levanter.data.text import LMMixtureDatasetConfig
+
+    @dataclass(frozen=True)
+    class ModelVocabMixtureConfig(LMMixtureDatasetConfig):
+        """Levanter's mixture config whose tokenizer is a `model_vocab_view` for the model's vocabulary."""
+
+        model_vocab_size: int | None = None
+        """Rows of the model's embedding; None: `len(tokenizer)`, as Levanter has it."""
+
+        @cached_property
+        def the_tokenizer(self):
+            tokenizer = load_tokenizer(self.tokenizer)
+            return tokenizer if self.model_vocab_size is None else model_vocab_view(tokenizer, self.model_vocab_size)
+
+    return ModelVocabMixtureConfig
+
+
+def data_config(tokenizer: str, caches: dict[str, str],
+                weights: Mapping[str, float] | Sequence[tuple[int, Mapping[str, float]]],
+                vocab_size: int | None = None, max_train_batches: Mapping[str, int] | None = None,
+                block_size: int = MIXTURE_BLOCK_SIZE):
+    """A mixture over finished caches (`{cache}/{train,validation}`); weight 0 → validation only.
+
+    `weights`: constant, or staged as (start step, weights) pairs (Levanter's `train_weights`);
+    `vocab_size`: the model's vocabulary (Levanter then sees a `model_vocab_view` of the tokenizer);
+    `max_train_batches`: component → train on only its first that many batches' worth of sequences;
+    `block_size`: the mixing block in sequences; stage starts (step × batch size) must fall on one.
+    A chat cache (`pipeline/tokens/chat.py`) is read in Levanter's chat format, whatever reads it: loss only on
+    its assistant tokens, in training and in evaluation alike.
+    """
+    from levanter.data.text import UrlDatasetSourceConfig
+
+    train_weights: dict[str, float] | list[tuple[int, dict[str, float]]]
+    if isinstance(weights, Mapping):
+        train_weights = dict(weights)
+    else:
+        stages = [(int(start), dict(w)) for start, w in weights]
+        train_weights = stages[0][1] if len(stages) == 1 else stages
+    return _mixture_class()(tokenizer=tokenizer, cache_dir=None,
+                            configs={k: UrlDatasetSourceConfig(cache_dir=path, format=cache_format(path))
+                                     for k, path in caches.items()},
+                            train_weights=train_weights, model_vocab_size=vocab_size,
+                            max_train_batches=dict(max_train_batches) if max_train_batches else None,
+                            mixture_block_size=block_size)
+
+
+def cache_format(cache_dir: str):
+    """Levanter's format for a finished cache: `ChatLmDatasetFormat` (packed conversations, loss on the tokens
+    its assistant masks mark) when its ledger records a chat template, else text."""
+    from levanter.data.text import ChatLmDatasetFormat, TextLmDatasetFormat
+
+    from marin_assets.pipeline.tokens.chat import MESSAGES_FIELD, chat_template_of_cache
+
+    template = chat_template_of_cache(cache_dir)
+    if template is None:
+        return TextLmDatasetFormat()
+    return ChatLmDatasetFormat(messages_field=MESSAGES_FIELD, chat_template=template, pack=True,
+                               mask_user_turns=True)

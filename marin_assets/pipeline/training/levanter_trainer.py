@@ -1,0 +1,243 @@
+"""Our `TrainerSpec` → Levanter's trainer config, and the sharp edges of Levanter 1.2 on an offline CPU.
+
+Imported only inside step functions (on Ray workers).
+- The JSON logger tracker, written to a JSONL file we parse for curves; W&B and TensorBoard beside it
+  only when a run's `Tracking` asks.
+- No accelerator required; no Ray started by Levanter; no JAX distributed on one host; the JAX platform
+  chosen before Levanter starts JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from marin_assets.pipeline.training.specs import TrainerSpec
+from marin_assets.pipeline.training.tracking import Tracking
+
+JAX_BACKENDS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "gpu": "gpu", "tpu": "tpu"}
+"""JAX platform name → the backend `jax.default_backend()` reports for it."""
+
+
+class AcceleratorError(RuntimeError):
+    """The step asked for an accelerator JAX cannot use here."""
+
+
+class _StartOnce:
+    """A tracker config whose `init` starts its tracker once: Levanter calls `init` twice per run (its global
+    tracker in `TrainerConfig.initialize`, then the `Trainer`'s), which would make W&B start a second run
+    folder and TensorBoard a second writer of the same event file."""
+
+    def init(self, run_id):
+        if getattr(self, "_marin_tracker", None) is None:
+            self._marin_tracker = super().init(run_id)
+        return self._marin_tracker
+
+
+@functools.cache
+def _wandb_class():
+    from levanter.tracker import TrackerConfig
+    from levanter.tracker.wandb import WandbConfig
+
+    if "wandb_local" in TrackerConfig.get_known_choices():
+        return TrackerConfig.get_choice_class("wandb_local")
+
+    @TrackerConfig.register_subclass("wandb_local")
+    @dataclass
+    class LocalDirWandbConfig(_StartOnce, WandbConfig):
+        """Levanter's W&B tracker writing its run files under `{dir}/wandb` (`dir`: W&B's `root_dir`); once started, its
+        `run_url` (None offline) and `run_dir` (the run's local folder) say where the run went."""
+
+        dir: str = ""
+
+        def _git_settings(self):
+            return {**super()._git_settings(), "root_dir": self.dir}
+
+        def init(self, run_id):
+            os.makedirs(self.dir, exist_ok=True)
+            tracker = super().init(run_id)
+            self.run_url = None if tracker.run.offline else tracker.run.url
+            self.run_dir = os.path.dirname(tracker.run.dir)  # `.../offline-run-…-ID/files` → its run folder
+            return tracker
+
+    return LocalDirWandbConfig
+
+
+@functools.cache
+def _tensorboard_class():
+    from levanter.tracker import TrackerConfig
+    from levanter.tracker.tensorboard import TensorboardConfig
+
+    if "tensorboard_once" in TrackerConfig.get_known_choices():
+        return TrackerConfig.get_choice_class("tensorboard_once")
+
+    @TrackerConfig.register_subclass("tensorboard_once")
+    @dataclass
+    class OneWriterTensorboardConfig(_StartOnce, TensorboardConfig):
+        """Levanter's TensorBoard tracker with one event-file writer per run."""
+
+    return OneWriterTensorboardConfig
+
+
+def tracker_configs(tracking: Tracking | None, run_id: str, output_dir: str, metrics_logger: str) -> list:
+    """Levanter's tracker configs: the JSON logger (the source of our curves) first, then W&B (run files
+    under `{output_dir}/wandb`) and TensorBoard (`{output_dir}/tensorboard/{run_id}`) as `tracking` asks."""
+    from levanter.tracker.json_logger import JsonLoggerConfig
+
+    from marin_assets.pipeline.training.tracking import TENSORBOARD_DIR
+
+    configs: list = [JsonLoggerConfig(logger_name=metrics_logger)]
+    if tracking is not None and tracking.wandb:
+        configs.append(_wandb_class()(project=tracking.wandb_project, entity=tracking.wandb_entity,
+                                      tags=list(tracking.wandb_tags), id=run_id, save_code=False,
+                                      dir=output_dir))  # W&B writes under `{dir}/wandb`
+    if tracking is not None and tracking.tensorboard:
+        configs.append(_tensorboard_class()(logdir=os.path.join(output_dir, TENSORBOARD_DIR), flush_secs=10))
+    return configs
+
+
+def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_logger: str,
+                   checkpoint_dir: str | None = None, require_accelerator: bool = False,
+                   tracking: Tracking | None = None):
+    """Levanter's trainer config for a `TrainerSpec`: offline, JSON metrics, checkpoints under `checkpoint_root`.
+
+    `trainer.num_train_steps` is the run's length (a `TokenBudget` has already been applied to it);
+    `tracking`: W&B and TensorBoard beside the JSON metrics (`tracker_configs`).
+    """
+    import jmp
+    from levanter.callbacks.watch import WatchConfig
+    from levanter.checkpoint import CheckpointerConfig
+    from levanter.distributed import DistributedConfig, RayConfig
+    from levanter.trainer import TrainerConfig
+
+    # Policies apply in turn: every K steps until the one before last, then every step — which
+    # leaves only the last. Levanter alone never forces a checkpoint of the final step.
+    trackers = tracker_configs(tracking, run_id, output_dir, metrics_logger)
+    last = trainer.num_train_steps - 1
+    keep = [dict(every=trainer.checkpoint_every, until=last - 1), dict(every=1, until=None)]
+    keep = keep if last >= 1 else [dict(every=1, until=None)]
+    return TrainerConfig(
+        id=run_id, seed=trainer.seed, mp=jmp.get_policy(trainer.mixed_precision),
+        tracker=trackers[0] if len(trackers) == 1 else tuple(trackers),
+        log_dir=Path(output_dir) / "logs",
+        train_batch_size=trainer.train_batch_size, num_train_steps=trainer.num_train_steps,
+        steps_per_eval=trainer.steps_per_eval, max_eval_batches=trainer.max_eval_batches,
+        checkpointer=CheckpointerConfig(base_path=checkpoint_dir or os.path.join(output_dir, "checkpoints"),
+                                        save_interval=timedelta(minutes=30), keep=keep),
+        require_accelerator=require_accelerator, ray=RayConfig(auto_start_cluster=False),
+        distributed=DistributedConfig(initialize_jax_distributed=False),
+        watch=WatchConfig(watch_targets=[]), log_jaxprs=False, log_xla_hlo=False,
+    )
+
+
+def use_platform(platform: str | None, who: str) -> None:
+    """Make JAX in this process run on `platform` (`cuda`, `tpu`, `cpu`), whatever `JAX_PLATFORMS` says.
+
+    The environment may say `cpu` (the Makefile exports it, and the Ray resource forwards it to
+    every worker): an accelerator step overrides it here, before Levanter starts JAX. A worker
+    whose JAX already runs elsewhere (it ran a CPU step before) has its backends cleared and
+    started again. JAX without the platform's plugin is an `AcceleratorError` naming `who`,
+    before any compute. None: leave JAX to `JAX_PLATFORMS` and its own choice.
+    """
+    if platform is None:
+        return
+    if platform not in JAX_BACKENDS:
+        raise ValueError(f"{who}: unknown JAX platform {platform!r} (known: {sorted(JAX_BACKENDS)})")
+    import jax
+    from jax.extend import backend as jax_backend
+
+    previous = getattr(jax.config, "jax_platforms")  # noqa: B009  (a config state mypy does not see)
+    jax.config.update("jax_platforms", platform)
+    cleared = False
+    try:
+        found = jax.default_backend()
+        if found != JAX_BACKENDS[platform]:  # this process started JAX elsewhere before
+            jax_backend.clear_backends()
+            cleared = True
+            found = jax.default_backend()
+        problem = None if found == JAX_BACKENDS[platform] else f"JAX started on {found!r}"
+    except Exception as e:  # JAX raises a bare AssertionError or a RuntimeError for a backend it cannot start
+        problem = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no backend'}"
+        if JAX_BACKENDS[platform] == "gpu" and importlib.util.find_spec("jax_cuda12_plugin") is None:
+            problem = "JAX's CUDA 12 plugin (jax-cuda12-plugin) is not installed"
+    if problem is None:
+        return
+    jax.config.update("jax_platforms", previous)
+    if cleared:
+        jax_backend.clear_backends()
+    hint = ("install JAX with CUDA: pip install 'jax[cuda12]==0.7.2' (docs/gpu.md)" if JAX_BACKENDS[platform] == "gpu"
+            else "install JAX with TPU support: pip install 'jax[tpu]==0.7.2'" if platform == "tpu" else "")
+    raise AcceleratorError(f"{who}: asked to run on {platform!r}, but JAX {jax.__version__} cannot start that"
+                           f" backend here ({problem}){'; ' + hint if hint else ''}")
+
+
+@contextlib.contextmanager
+def restored_root_logging() -> Iterator[None]:
+    """Undo Levanter's `init_logging` afterwards: it replaces the root logger's handlers with a
+    file handler under its log dir (often a temporary folder) and a console handler, which
+    would outlive the call in a reused worker or test process and write to a deleted folder."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+                handler.close()
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+
+
+class JsonlMetrics:
+    """Route a JSON-logger tracker's records into a JSONL file for the duration of a run."""
+
+    def __init__(self, logger_name: str, path: str):
+        self.logger = logging.getLogger(logger_name)
+        self.path = path
+
+    def __enter__(self) -> JsonlMetrics:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.handler = logging.FileHandler(self.path, mode="a")
+        self.handler.setFormatter(logging.Formatter("%(message)s"))
+        self.logger.addHandler(self.handler)
+        self.logger.setLevel(logging.INFO)
+        self.logger.propagate = False
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeHandler(self.handler)
+        self.handler.close()
+
+
+def read_metrics(path: str) -> dict[int, dict[str, Any]]:
+    """step → merged metrics (last value wins: a resumed run replays some steps)."""
+    steps: dict[int, dict[str, Any]] = {}
+    if not os.path.exists(path):
+        return steps
+    with open(path) as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if event.get("event") == "log" and event.get("step") is not None:
+                steps.setdefault(int(event["step"]), {}).update(event.get("metrics", {}))
+            elif event.get("event") == "summary":
+                steps.setdefault(SUMMARY_STEP, {}).update(event.get("metrics", {}))
+    return steps
+
+
+SUMMARY_STEP = -1
+"""`read_metrics` files run summaries (e.g. parameter_count) under this step."""

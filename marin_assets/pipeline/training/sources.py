@@ -1,0 +1,157 @@
+"""Where a training run's first weights come from: random, a Hugging Face model folder (a plain folder or
+an export step's), or a checkpoint of another training step. Only the weights: the optimizer, step
+count and data order start afresh. The source enters the step's identity; shapes are checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+
+from marin_assets.core.record import load_result
+from marin_assets.core.step import Step, StepDefinitionError
+from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.specs import (
+    ModelSpec,
+)
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".h5", ".msgpack")
+
+
+class TrainSourceError(ValueError):
+    """The weights a run should start from are missing, or do not fit its model or tokenizer."""
+
+
+@dataclass(frozen=True)
+class InitWeights:
+    """The weights a run starts from, as a place and a size: what `train_lm` takes."""
+
+    path: str
+    """A Hugging Face model folder (`config.json` and weights), or a Levanter checkpoint (`…/step-N`)."""
+    vocab_size: int
+    """Rows of its embedding: the continued model keeps them (the tokenizer's ids must fit)."""
+    model: ModelSpec | None = None
+    """The model a Levanter checkpoint holds (needed to read it); None for a Hugging Face folder."""
+
+
+def read_hf_config(folder: str) -> dict[str, Any]:
+    """The `config.json` of a Hugging Face model folder (local or URL); `TrainSourceError` if there is none."""
+    fs, path = fsspec.core.url_to_fs(folder)
+    try:
+        config: dict[str, Any] = json.loads(fs.cat_file(f"{path.rstrip('/')}/config.json"))
+    except FileNotFoundError:
+        raise TrainSourceError(f"{folder} is not a Hugging Face model folder: it has no config.json") from None
+    return config
+
+
+def hf_fingerprint(folder: str) -> str:
+    """16 hex of sha256 over a Hugging Face model folder's `config.json`, its weight index (if sharded), and
+    each weight file's name, size and version — the store's content checksum where it keeps one (GCS md5
+    or crc32c, S3 ETag), else its modification time. Cheap at definition time: no weight is read."""
+    fs, path = fsspec.core.url_to_fs(folder)
+    path = path.rstrip("/")
+    digest = hashlib.sha256(json.dumps(read_hf_config(folder), sort_keys=True).encode())
+    weights = 0
+    for info in sorted(fs.ls(path, detail=True), key=lambda i: i["name"]):
+        name = info["name"].rstrip("/").rsplit("/", 1)[-1]
+        if name.endswith(".index.json"):
+            digest.update(name.encode() + b"\0" + fs.cat_file(info["name"]))
+        elif name.endswith(WEIGHT_SUFFIXES):
+            weights += 1
+            version = next((str(info[k]) for k in ("md5Hash", "crc32c", "ETag", "etag", "mtime") if info.get(k)), "")
+            digest.update(f"{name}\0{info.get('size')}\0{version}\0".encode())
+    if not weights:
+        raise TrainSourceError(f"{folder} has a config.json but no weights (*.safetensors, pytorch_model*.bin)")
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class InitFrom:
+    """Where a training step's first weights come from: a Hugging Face model folder, or a checkpoint of
+    another training step. Only the weights: the optimizer, step count and data order start afresh.
+    Make one with `from_hf` or `from_checkpoint`."""
+
+    source: Step | None = None
+    """A `TrainStep` (one of its Levanter checkpoints), or a step whose output is a Hugging Face model
+    folder (an export step); the training step depends on it."""
+    folder: str | None = None
+    """A plain Hugging Face model folder (local path or URL), identified by its path and `fingerprint`."""
+    checkpoint_step: int | None = None
+    """Which checkpoint of a `TrainStep` source; None: its last."""
+    fingerprint: str | None = None
+    """`hf_fingerprint` of `folder`, taken at definition time."""
+
+    def identity(self) -> dict[str, Any]:
+        """What enters the training step's hash_attrs."""
+        if isinstance(self.source, TrainStep):
+            return {"checkpoint_of": self.source.name_with_hash, "checkpoint_step": self.checkpoint_step}
+        if self.source is not None:
+            return {"hf_step": self.source.name_with_hash}
+        return {"hf_folder": self.folder, "fingerprint": self.fingerprint}
+
+    def describe(self) -> str:
+        """The source in words, for messages."""
+        if isinstance(self.source, TrainStep):
+            which = "the last checkpoint" if self.checkpoint_step is None else f"checkpoint {self.checkpoint_step}"
+            return f"{which} of {self.source.name}"
+        return f"the Hugging Face model of {self.source.name}" if self.source is not None else str(self.folder)
+
+    def vocab_size(self) -> int:
+        """Rows of the source's embedding (what the continued model keeps)."""
+        return self.resolve().vocab_size
+
+    def resolve(self) -> InitWeights:
+        """The place and vocabulary of the weights (run time: reads the source step's record or the folder)."""
+        from marin_assets.pipeline.tokens.tokenizer import model_vocab_size
+
+        if isinstance(self.source, TrainStep):
+            result = load_result(self.source, TrainResult)
+            model, tokenizer = result.model_and_tokenizer()
+            try:
+                checkpoint = result.checkpoint_path(self.checkpoint_step)
+            except ValueError as e:
+                raise TrainSourceError(f"cannot start from {self.describe()}: {e}") from None
+            vocab = result.vocab_size or model_vocab_size(tokenizer, model.vocab_multiple)
+            return InitWeights(checkpoint, vocab, model)
+        folder = self.source.output_path if self.source is not None else str(self.folder)
+        return InitWeights(folder, int(read_hf_config(folder)["vocab_size"]))
+
+
+def from_hf(source: Step | str) -> InitFrom:
+    """Start from a Hugging Face Llama/GPT-2 model folder: a step whose output is one (an export step), or
+    a plain folder (local or URL), whose path and `hf_fingerprint` then enter the training step's identity."""
+    if isinstance(source, TrainStep):
+        raise StepDefinitionError(f"{source.name} is a training step: start from its checkpoints with"
+                                  " from_checkpoint(), or from its export step's folder with from_hf()")
+    if isinstance(source, Step):
+        return InitFrom(source=source)
+    return InitFrom(folder=source, fingerprint=hf_fingerprint(source))
+
+
+def from_checkpoint(train: TrainStep, step: int | None = None) -> InitFrom:
+    """Start from checkpoint `step` (default: the last) of another training step's Levanter checkpoints."""
+    if not isinstance(train, TrainStep):
+        raise StepDefinitionError(f"from_checkpoint needs a training step (train_step), got"
+                                  f" {getattr(train, 'name', train)!r}; for a Hugging Face folder use from_hf()")
+    if step is not None and step < 0:
+        raise StepDefinitionError(f"checkpoint step must be non-negative, got {step}")
+    return InitFrom(source=train, checkpoint_step=step)
+
+
+def source_mismatches(model: ModelSpec, init_from: InitFrom, hf_config: Mapping[str, Any] | None) -> str | None:
+    """How the source's weights do not fit `model` (None: they fit, or nothing to compare yet): the source
+    step's model for a checkpoint, the `config.json` of a Hugging Face folder."""
+    if isinstance(init_from.source, TrainStep):
+        problems = model.differences(init_from.source.model)
+    elif hf_config is not None:
+        problems = model.hf_differences(hf_config)
+    else:
+        return None
+    if not problems:
+        return None
+    return f"the model does not fit the weights of {init_from.describe()}: " + "; ".join(problems)

@@ -1,0 +1,82 @@
+"""The evaluation-kind seam: every kind (loss and bits per byte; lm-eval tasks) goes through the same generic
+steps — a final-checkpoint step and a per-checkpoint family — and the same assertions: identity from the kind's
+own attributes, the training run found by type, the final step and the partition of the same checkpoint
+computing the same numbers, table rows matching their columns, and reports finding the evaluation by type."""
+
+import math
+
+import pytest
+
+from marin_assets import load_result, materialize_step
+from marin_assets.core.record import read_record
+from marin_assets.core.step import walk
+from marin_assets.experiments import tiny_stories
+from marin_assets.pipeline.evals.harness import HarnessEval
+from marin_assets.pipeline.evals.harness_tasks import shipped_tasks
+from marin_assets.pipeline.evals.loss import LossEval
+from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
+from marin_assets.pipeline.reports.experiment_summary import experiment_summary_step
+from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+
+TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=128)
+SHORT = TrainerSpec(num_train_steps=6, train_batch_size=4, checkpoint_every=3, steps_per_eval=3, max_eval_batches=1)
+
+KINDS = {
+    "loss": lambda pipeline: LossEval({"stories": pipeline["tokenized"]}, max_eval_batches=1),
+    "lm-eval": lambda pipeline: HarnessEval(tuple(shipped_tasks()), num_fewshot=1, limit=4),
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained 6 steps (checkpoints 3 and 5) under a prefix exported as MARIN_PREFIX."""
+    prefix = str(tmp_path_factory.mktemp("kinds") / "outputs")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MARIN_PREFIX", prefix)
+        pipeline = tiny_stories.build(prefix="kinds", train_documents=300, validation_documents=40, vocab_size=300,
+                                      model=TINY, trainer=SHORT, optimizer=OptimizerSpec(learning_rate=1e-2))
+        for step in walk([pipeline["train"]]):
+            materialize_step(step, prefix=prefix)
+        yield pipeline, prefix, load_result(pipeline["train"], TrainResult)
+
+
+@pytest.mark.parametrize("kind_name", sorted(KINDS))
+def test_every_kind_serves_a_final_step_and_partitions_alike(trained, kind_name):
+    pipeline, prefix, result = trained
+    kind, train = KINDS[kind_name](pipeline), pipeline["train"]
+    last = result.checkpoint_steps[-1]
+    final = eval_step(f"evals/kinds-{kind_name}", kind, train)
+    family = CheckpointEvals(f"evals/kinds-{kind_name}-checkpoints", train, kind)
+    partition = family.step(last)
+
+    # identity: the kind's attributes and the checkpoint; the run is a dependency, or in hash_attrs
+    assert isinstance(final, EvalStep) and isinstance(partition, EvalStep)
+    assert final.evaluates is train and partition.evaluates is train and partition.eval_kind is kind
+    assert final.hash_attrs == {**kind.identity(), "checkpoint_step": None}
+    assert partition.hash_attrs == {"checkpoint_of": train.name_with_hash, **kind.identity(), "checkpoint_step": last}
+    assert train in final.deps and train not in partition.deps
+    assert {d.name for d in family.deps} == {d.name for d in kind.deps} == {d.name for d in partition.deps}
+    assert family.step(last).hash == partition.hash != family.step(result.checkpoint_steps[0]).hash
+    assert eval_step(f"evals/kinds-{kind_name}", kind, train, checkpoint_step=last).hash != final.hash
+
+    # the same checkpoint through both steps gives the same numbers
+    numbers = {}
+    for step in (final, partition):
+        outcome = materialize_step(step, prefix=prefix)
+        recorded = read_record(outcome.output_path).result
+        numbers[step.name] = kind.numbers(recorded)
+        assert numbers[step.name] and all(math.isfinite(v) for v in numbers[step.name].values())
+        assert set(kind.row(recorded)) == set(kind.columns())
+        assert kind.summary_columns(recorded)
+        for check in step.checks:
+            assert check.fn(outcome.output_path, recorded).passed, check.name
+    assert numbers[final.name] == pytest.approx(numbers[partition.name], rel=1e-5)
+
+    # a report finds the evaluation by its type, whatever the kind, and shows the kind's columns
+    summary = experiment_summary_step(f"reports/kinds-{kind_name}", [train, final])
+    assert final in summary.deps
+    row = load_result(materialize_step(summary, prefix=prefix).output_path).rows[0]
+    assert row["evals"] == final.name
+    columns = kind.summary_columns(read_record(final.output_path_under(prefix)).result)
+    assert columns and {k: row[k] for k in columns} == columns
