@@ -9,8 +9,6 @@ import pytest
 
 from marin_assets import load_result, materialize_step
 from marin_assets.core.record import read_record
-from marin_assets.core.step import walk
-from marin_assets.experiments import tiny_stories
 from marin_assets.pipeline.evals.harness import HarnessEval
 from marin_assets.pipeline.evals.harness_tasks import shipped_tasks
 from marin_assets.pipeline.evals.loss import LossEval
@@ -18,6 +16,7 @@ from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_st
 from marin_assets.pipeline.reports.experiment_summary import experiment_summary_step
 from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from tests.support.helpers import trained_tiny_stories
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=128)
 SHORT = TrainerSpec(num_train_steps=6, train_batch_size=4, checkpoint_every=3, steps_per_eval=3, max_eval_batches=1)
@@ -32,12 +31,8 @@ KINDS = {
 def trained(tmp_path_factory):
     """A tiny model trained 6 steps (checkpoints 3 and 5) under a prefix exported as MARIN_PREFIX."""
     prefix = str(tmp_path_factory.mktemp("kinds") / "outputs")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MARIN_PREFIX", prefix)
-        pipeline = tiny_stories.build(prefix="kinds", train_documents=300, validation_documents=40, vocab_size=300,
-                                      model=TINY, trainer=SHORT, optimizer=OptimizerSpec(learning_rate=1e-2))
-        for step in walk([pipeline["train"]]):
-            materialize_step(step, prefix=prefix)
+    with trained_tiny_stories(prefix, prefix="kinds", train_documents=300, validation_documents=40, vocab_size=300,
+                              model=TINY, trainer=SHORT, optimizer=OptimizerSpec(learning_rate=1e-2)) as pipeline:
         yield pipeline, prefix, load_result(pipeline["train"], TrainResult)
 
 

@@ -10,8 +10,7 @@ import dagster as dg
 import pytest
 
 from marin_assets import build_definitions, load_result, materialize_step
-from marin_assets.core.step import StepDefinitionError, walk
-from marin_assets.experiments import tiny_stories
+from marin_assets.core.step import StepDefinitionError
 from marin_assets.pipeline.evals.harness import (
     BOOTSTRAP_ITERS,
     RESULTS_FILE,
@@ -32,6 +31,7 @@ from marin_assets.pipeline.evals.loss import loss_checkpoint_evals
 from marin_assets.pipeline.training.export import ExportResult
 from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from tests.support.helpers import trained_tiny_stories
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=256)
 SHORT = TrainerSpec(num_train_steps=12, train_batch_size=4, checkpoint_every=5, steps_per_eval=6, max_eval_batches=2)
@@ -42,12 +42,8 @@ LIMIT = 12
 def trained(tmp_path_factory):
     """A tiny model trained 12 steps (checkpoints 5, 10, 11) under a prefix exported as MARIN_PREFIX."""
     prefix = str(tmp_path_factory.mktemp("harness") / "outputs")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MARIN_PREFIX", prefix)
-        pipeline = tiny_stories.build(prefix="h", train_documents=800, validation_documents=60, vocab_size=400,
-                                      model=TINY, trainer=SHORT, optimizer=OptimizerSpec(learning_rate=1e-2))
-        for step in walk([pipeline["train"]]):
-            materialize_step(step, prefix=prefix)
+    with trained_tiny_stories(prefix, prefix="h", train_documents=800, validation_documents=60, vocab_size=400,
+                              model=TINY, trainer=SHORT, optimizer=OptimizerSpec(learning_rate=1e-2)) as pipeline:
         yield pipeline, prefix, load_result(pipeline["train"], TrainResult)
 
 

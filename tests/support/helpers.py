@@ -1,8 +1,10 @@
 """Paths, settings and small helpers the tests share."""
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from marin_assets.core.lease import LeaseSettings
@@ -63,3 +65,20 @@ def output_files(folder) -> dict[str, bytes]:
                 path = os.path.join(root, name)
                 found[os.path.relpath(path, folder)] = Path(path).read_bytes()
     return found
+
+
+@contextlib.contextmanager
+def trained_tiny_stories(storage_prefix: str, /, **build: object) -> Iterator[dict]:
+    """`tiny_stories.build(**build)` trained under `storage_prefix` (exported as MARIN_PREFIX meanwhile): its steps."""
+    import pytest
+
+    from marin_assets.core.materialize import materialize_step
+    from marin_assets.core.step import walk
+    from marin_assets.experiments import tiny_stories
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MARIN_PREFIX", storage_prefix)
+        pipeline = tiny_stories.build(**build)  # type: ignore[arg-type]
+        for step in walk([pipeline["train"]]):
+            materialize_step(step, prefix=storage_prefix)
+        yield pipeline

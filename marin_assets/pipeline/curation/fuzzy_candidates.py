@@ -61,17 +61,20 @@ def band_hashes(texts: Sequence[str], ngram: int, num_perm: int, bands: int, see
 
 
 def save_array(path: str, array: np.ndarray) -> None:
+    """An array as one `.npy` file, written whole (a phase's work survives a crash only complete)."""
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     atomic_write(path, buffer.getvalue())
 
 
 def missing_work(output_path: str, path: str) -> CurationError:
+    """The error for a work file a finished phase should have left (a damaged work folder)."""
     return CurationError(f"{STAGE}: work file {path} is missing or short though its phase finished; delete"
                          f" {work_path(output_path)} to start the stage over")
 
 
 def load_array(output_path: str, path: str) -> np.ndarray:
+    """An array a finished phase saved (`save_array`), or `missing_work`."""
     data = read_bytes(path)
     if data is None:
         raise missing_work(output_path, path)
@@ -79,6 +82,7 @@ def load_array(output_path: str, path: str) -> np.ndarray:
 
 
 def read_work_table(output_path: str, path: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """A parquet work file a finished phase wrote (only `columns`, if given), or `missing_work`."""
     data = read_bytes(path)
     if data is None:
         raise missing_work(output_path, path)
@@ -174,4 +178,5 @@ def pair_bucket(output_path: str, item: tuple[int, list[tuple[str, int, int]]]) 
 
 
 def candidates_path(output_path: str, bucket: int) -> str:
+    """Where phase 2 keeps the candidate pairs of one hash bucket."""
     return work_path(output_path, "candidates", f"bucket-{bucket:05d}.npy")

@@ -1,8 +1,9 @@
 """Typed settings of training and evaluation: the hash_attrs of train, export and eval steps.
 
 Plain frozen dataclasses with defaults that train on a laptop CPU; every field changes the
-output and so enters identity. They are translated into Levanter configs only inside the
-step function (`levanter_configs.py`), so defining experiments never imports Levanter.
+output and so enters identity. They are translated into Levanter configs only inside the step
+function (`levanter_model.py`, `levanter_data.py`, `levanter_trainer.py`), so defining experiments
+never imports Levanter.
 """
 
 from __future__ import annotations
