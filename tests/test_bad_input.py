@@ -410,17 +410,24 @@ def test_a_full_disk_during_a_write(small_disk):
 
 
 def test_the_docs_table_lists_every_case_with_its_error():
-    rows = {}
+    table = []
     for line in DOCS.read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]  # '\|' is a literal pipe
         if len(cells) >= 3 and cells[0] not in ("input", "---"):
-            rows[cells[0]] = cells
+            table.append(cells)
+    rows = {cells[0]: cells for cells in table}
+    assert len(rows) == len(table), "a case is listed twice"
     assert sorted(rows) == sorted(c.title for c in CASES.values())
     for case in CASES.values():
         message = rows[case.title][-1].strip("`").replace("\\|", "|")
         assert re.search(case.error, message), (case.title, message)
     assert len(CASES) >= 15
-    assert json.dumps(sorted(rows))  # the table parsed into plain text rows
+    # Each row parsed into its three plain-text cells: an unescaped '|' in a message would split it, and
+    # every row says where the case is caught and quotes the error with its class in one code span.
+    for title, cells in rows.items():
+        assert len(cells) == 3, (title, cells)
+        assert re.fullmatch(r"(materializing|definition)\b.*", cells[1]), (title, cells[1])
+        assert re.fullmatch(r"`[A-Z]\w*Error: [^`]+`", cells[2]), (title, cells[2])
 
 
 def write_jsonl(records: list[dict], file: str, output_path: str) -> None:

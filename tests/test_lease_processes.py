@@ -33,7 +33,7 @@ def events_of(path):
     return path.read_text().split()[0::2] if path.exists() else []
 
 
-def wait_for(predicate, timeout=20.0):
+def wait_for(predicate, timeout=120.0):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
@@ -114,14 +114,23 @@ def test_waiter_runs_when_the_live_holder_fails(tmp_path):
 def test_holder_that_lost_its_lease_never_marks_success(tmp_path, old_holder_finishes_first):
     """Marin #8107: the old holder keeps working after losing its lease; it must not commit."""
     prefix, events = str(tmp_path / "out"), tmp_path / "events"
-    # The old holder never heartbeats during its 3 s of work: to others it looks dead after 1 s.
-    old = start(prefix, events, sleep=3.0, heartbeat=100, stale=200)
+    # The old holder never heartbeats while it works: to others it looks dead after 1 s. Each works until
+    # the other has done its part (orderings, not durations a loaded machine could stretch): the old one
+    # until the new one has taken over and started (or even marked SUCCESS), the new one until then, or
+    # until the old one has found its lease lost.
+    old = start(prefix, events, sleep="until:start" if old_holder_finishes_first else "until:success",
+                heartbeat=100, stale=200)
     wait_for(lambda: events_of(events) == ["start"])
-    new = start(prefix, events, sleep=5.0 if old_holder_finishes_first else 0.2, stale=1.0)
+    new = start(prefix, events, sleep="until:lost" if old_holder_finishes_first else 0.2, stale=1.0)
 
-    rc_old, out_old, _ = finish(old)
-    rc_new, out_new, err_new = finish(new)
+    rc_old, out_old, _ = finish(old, timeout=300)
+    rc_new, out_new, err_new = finish(new, timeout=300)
     assert rc_old == 3 and out_old["error"] == "LeaseLostError"
+    noted = events.read_text().split()
+    expected = [("start", old.pid), ("start", new.pid), ("done", old.pid), ("lost", old.pid), ("done", new.pid)]
+    if not old_holder_finishes_first:
+        expected[2:] = [("done", new.pid), ("done", old.pid), ("lost", old.pid)]
+    assert list(zip(noted[0::2], map(int, noted[1::2]), strict=True)) == expected
     assert rc_new == 0, err_new
     assert out_new["took_over"].startswith("stale RUNNING by")
     out = output_dir(prefix)

@@ -13,6 +13,7 @@ import pytest
 from marin_assets import Resources, Step, build_definitions
 from marin_assets.core.lease import LeaseLostError
 from marin_assets.core.materialize import materialize_step
+from marin_assets.core.record import read_record
 from marin_assets.core.status import Status
 from marin_assets.core.stores import read_status
 from marin_assets.execution.ray_runner import RemoteTraceback, run_on_ray
@@ -101,11 +102,22 @@ def test_requested_cpus_are_honoured(prefix, local_ray, tmp_path):
 )
 def test_unsatisfiable_request_fails_fast_naming_step_request_and_offer(prefix, local_ray, resources, needs):
     step = Step(name="ray/too-big", fn=report_env, resources=resources)
-    started = time.monotonic()
-    with pytest.raises(InfeasibleRequestError) as e:
-        materialize_step(step, settings=FAST, run_fn=ray_fn())
-    assert time.monotonic() - started < 10
-    message = str(e.value)
+    raised: list[BaseException] = []
+
+    def materialize():
+        try:
+            materialize_step(step, settings=FAST, run_fn=ray_fn())
+        except BaseException as error:  # noqa: BLE001  (handed to the test thread)
+            raised.append(error)
+
+    # Without fail-fast the request would wait forever (the next test): a bound of minutes tells the two
+    # apart without timing anything a loaded machine could stretch.
+    worker = threading.Thread(target=materialize, daemon=True)
+    worker.start()
+    worker.join(180)
+    assert not worker.is_alive(), "an unsatisfiable request waited instead of failing at once"
+    assert len(raised) == 1 and isinstance(raised[0], InfeasibleRequestError), raised
+    message = str(raised[0])
     assert "step 'ray/too-big'" in message and needs in message
     assert "Nodes offer: {CPU=2" in message
     assert read_status(step.output_path).status is Status.FAILED
@@ -140,24 +152,38 @@ def test_exception_keeps_type_message_and_remote_traceback(prefix, local_ray):
     assert status.status is Status.FAILED and "ValueError: bad JSON on line 17" in status.error
 
 
-def chatty(output_path):
+def chatty(relayed: str, output_path):
+    """Prints a line, then waits (up to two minutes) until the test has seen it in the Dagster run log."""
     print("progress 1/2", flush=True)
-    time.sleep(2.0)
+    deadline = time.time() + 120
+    while not os.path.exists(relayed) and time.time() < deadline:
+        time.sleep(0.05)
     logging.getLogger("levanter.fake").info("halfway there")
     print("progress 2/2")
-    return {"ok": True}
+    return {"line 1 was in the run log before line 2 was printed": os.path.exists(relayed)}
 
 
-def test_worker_output_reaches_the_dagster_run_log_while_it_runs(prefix, local_ray):
+def test_worker_output_reaches_the_dagster_run_log_while_it_runs(prefix, local_ray, tmp_path, monkeypatch):
     instance = dg.DagsterInstance.ephemeral()
-    job = build_definitions([Step(name="ray/chatty", fn=chatty)]).resolve_implicit_global_asset_job_def()
+    relayed = tmp_path / "line-1-relayed"
+    store = instance.handle_new_event
+
+    def handle_new_event(event, *args, **kwargs):  # every run-log entry passes here as it is logged
+        store(event, *args, **kwargs)
+        if event.user_message.endswith("[ray/chatty] progress 1/2"):
+            relayed.touch()
+
+    monkeypatch.setattr(instance, "handle_new_event", handle_new_event)
+    step = Step(name="ray/chatty", fn=functools.partial(chatty, str(relayed)))
+    job = build_definitions([step]).resolve_implicit_global_asset_job_def()
     result = job.execute_in_process(instance=instance)
     assert result.success
-    messages = {e.user_message: e.timestamp for e in instance.all_logs(result.run_id)}
-    first = next(t for m, t in messages.items() if m.endswith("[ray/chatty] progress 1/2"))
-    second = next(t for m, t in messages.items() if m.endswith("[ray/chatty] progress 2/2"))
-    assert any(m.endswith("[ray/chatty] INFO levanter.fake: halfway there") for m in messages)
-    assert second - first >= 1.5  # relayed as printed, not all at the end
+    # Relayed as printed, not all at the end: the step went on only once its first line was in the log.
+    assert read_record(step.output_path).result == {"line 1 was in the run log before line 2 was printed": True}
+    messages = [e.user_message for e in instance.all_logs(result.run_id)]
+    order = [next(i for i, m in enumerate(messages) if m.endswith(f"[ray/chatty] {line}"))
+             for line in ("progress 1/2", "INFO levanter.fake: halfway there", "progress 2/2")]
+    assert order == sorted(order)
 
 
 def test_tpu_request_mapping_follows_ray_semantics():

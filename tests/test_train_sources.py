@@ -1,10 +1,12 @@
 """Training from what exists, on real tokenizers: cl100k (id gaps) from adoption to bits per byte;
 continuing from a Hugging Face folder and from another run's checkpoint; staged mixture weights;
-token budgets; the data and tokenizer checks that fail before any compute; GPU steps ask for CUDA.
+token budgets; the data and tokenizer checks that fail before any compute; GPU steps ask for CUDA
+(and train on it where JAX has CUDA, or fail at once saying so where it has not).
 
 One small pipeline (generated stories and digit strings, a 400-id BPE) is built once for the
 module; every model is the tiny Llama below, trained for a few steps."""
 
+import functools
 import json
 import math
 import os
@@ -69,6 +71,7 @@ class Pipeline:
 
     def __init__(self, prefix: str, cl100k: str):
         self.prefix = prefix
+        self.cl100k_folder = cl100k
         self.stories = corpus_step("raw/stories", train_documents=400, validation_documents=40, seed=1, shards=1)
         self.digits = digits_step("raw/digits", 150)
         self.bpe = bpe_tokenizer_step("tokenizers/bpe", self.stories, vocab_size=400)
@@ -393,7 +396,34 @@ def test_components_tokenized_with_different_tokenizers_fail_before_training(pip
 
 # --- GPU ---------------------------------------------------------------------------------------------
 
-def test_a_gpu_step_trains_on_cuda_and_says_so_when_jax_has_no_cuda(pipeline, tmp_path):
+GPU_PROBE = """
+import importlib.util, json
+import jax
+try:
+    found = jax.devices("gpu")
+    print(json.dumps([found[0].device_kind, len(found)]))
+except Exception as e:  # JAX raises a bare AssertionError when no backend starts
+    why = f"{type(e).__name__}: {e}"
+    if importlib.util.find_spec("jax_cuda12_plugin") is None:
+        why = "JAX's CUDA 12 plugin (jax-cuda12-plugin) is not installed"
+    print(json.dumps(why))
+"""
+
+
+@functools.cache
+def jax_gpus() -> tuple[str, int] | str:
+    """JAX's CUDA devices here as (device kind, count), or why there are none: `jax.devices("gpu")` in a
+    fresh process (JAX_PLATFORMS=cpu, the tests' setting, would hide a GPU from this one)."""
+    proc = subprocess.run([sys.executable, "-c", GPU_PROBE], env=subprocess_env(JAX_PLATFORMS="cuda"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    if isinstance(found, str):
+        return f"no GPU for JAX here: jax.devices('gpu') fails ({found})"
+    return found[0], found[1]
+
+
+def test_a_gpu_step_asks_for_cuda_and_keeps_the_identity_of_its_cpu_twin(pipeline):
     gpu = train_step("checkpoints/gpu", {"stories": pipeline.tok_stories}, TINY, LR, SHORT, gpu=1, gpu_type="H100")
     cpu = train_step("checkpoints/gpu", {"stories": pipeline.tok_stories}, TINY, LR, SHORT)
     assert gpu.resources == Resources(cpu=1, gpu=1, gpu_type="H100")
@@ -406,6 +436,11 @@ def test_a_gpu_step_trains_on_cuda_and_says_so_when_jax_has_no_cuda(pipeline, tm
                            gpu=1, budget=TokenBudget(train_tokens=5 * PER_BATCH))
     assert [(s.kind, s.resources.gpu) for s in sweep] == [("train", 1), ("eval", 1)]
     assert sweep[0].hash_attrs["trainer"].num_train_steps == 5
+
+
+def test_a_gpu_step_without_cuda_in_jax_fails_at_once_saying_so(pipeline, tmp_path):
+    if not isinstance(jax_gpus(), str):
+        pytest.skip(f"JAX has CUDA here ({jax_gpus()[0]}): a GPU step trains (the next test), it does not fail")
     # JAX_PLATFORMS=cpu in the environment (the Makefile exports it; the Ray resource forwards it) does not
     # keep a GPU run on the CPU: it asks JAX for CUDA, and here, without JAX's CUDA plugin, fails at once.
     with using_prefix(pipeline.prefix):
@@ -420,3 +455,38 @@ def test_a_gpu_step_trains_on_cuda_and_says_so_when_jax_has_no_cuda(pipeline, tm
     assert "(JAX's CUDA 12 plugin (jax-cuda12-plugin) is not installed)" in proc.stderr
     assert "pip install 'jax[cuda12]==0.7.2' (docs/gpu.md)" in proc.stderr
     assert not (out / "checkpoints").exists()
+
+
+GPU_WORKER = """
+import sys
+from marin_assets import materialize_step
+from marin_assets.pipeline.training.pretrain import train_step
+from tests.test_train_sources import LR, SHORT, TINY, Pipeline
+
+pipeline = Pipeline(sys.argv[1], sys.argv[2])
+step = train_step("checkpoints/on-gpu", {"stories": pipeline.tok_stories}, TINY, LR, SHORT, gpu=1)
+print("OUTPUT", materialize_step(step, prefix=pipeline.prefix).output_path, flush=True)
+"""
+"""Materializes the tiny GPU step in its own process: JAX starts on CUDA there, never in the test process."""
+
+
+def test_a_gpu_step_trains_on_cuda_and_its_record_says_so(pipeline):
+    found = jax_gpus()
+    if isinstance(found, str):
+        pytest.skip(found)
+    kind, _ = found
+    pipeline.make(pipeline.tok_stories)  # the data, made here on the CPU: the worker only trains
+    # JAX_PLATFORMS=cpu, as the Makefile and the Ray resource set it: the GPU step overrides it. One GPU
+    # visible, as Ray's CUDA_VISIBLE_DEVICES gives a gpu=1 task (the batch of 4 splits over 1, 2 or 4 only).
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+    proc = subprocess.run([sys.executable, "-c", GPU_WORKER, pipeline.prefix, pipeline.cl100k_folder],
+                          env=subprocess_env(JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES=first), cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [out] = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("OUTPUT ")]
+    result = load_result(out, TrainResult)
+    assert result.steps == SHORT.num_train_steps and result.checkpoint_steps[-1] == SHORT.num_train_steps - 1
+    assert result.final_train_loss is not None and math.isfinite(result.final_train_loss)
+    assert result.cost is not None
+    assert (result.cost.device_kind, result.cost.device_count) == (kind, 1)  # JAX's CUDA device, not "cpu"
+    assert result.cost.device_kind != "cpu" and result.cost.peak_flops_per_device > 0 and result.cost.mfu > 0
