@@ -20,10 +20,11 @@ def selection_of(text: str) -> dg.AssetSelection:
     return functools.reduce(operator.or_, [dg.AssetSelection.from_string(part) for part in text.split(",")])
 
 
-def shape_of(definitions: dg.Definitions, selection: str) -> list[dict]:
-    """Keys, deps and groups of the assets `selection` picks in `definitions`, in JSON form."""
+def shape_of(definitions: dg.Definitions, selection: str | None = None) -> list[dict]:
+    """Keys, deps, groups and check names of the assets `selection` picks in `definitions` (None: every
+    materializable asset), in JSON form."""
     graph = definitions.resolve_asset_graph()
-    keys = selection_of(selection).resolve(graph)
+    keys = selection_of(selection).resolve(graph) if selection else set(graph.materializable_asset_keys)
     return [{"key": list(key.path), "deps": [list(p.path) for p in graph.get(key).parent_keys if p in keys],
              "group": graph.get(key).group_name, "checks": sorted(c.name for c in graph.get(key).check_keys)}
             for key in sorted(keys)]

@@ -1,7 +1,7 @@
 """The fixed cost a step pays for going through Ray, warm.
 
 The same step materialized (forced, so it computes every time) with its function run on
-an embedded Ray ÷ run in the Dagster process, A B A B, for a small step (~20 ms of work) and
+an embedded Ray ÷ run in the Dagster process, the order rotated (A B, B A, …), for a small step (~20 ms of work) and
 a medium step (~1 s). The difference is the fixed cost: task submission, result transfer,
 the log relay.
 """
@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 
-from measure import time_ratio
+from measure import compare, rotated
 
 
 def busy(seconds: float, output_path: str) -> dict:
@@ -54,16 +54,17 @@ def measure(reps: int = 7) -> list[dict]:
                 for run_fn in (on_ray, run_in_process):  # warm both paths
                     materialize_step(step, prefix=tmp, settings=settings, recompute="measured", run_fn=run_fn)
                 samples: dict[str, list[float]] = {"ray": [], "local": []}
-                for _ in range(reps):
-                    for kind, run_fn in (("ray", on_ray), ("local", run_in_process)):
+                paths = {"ray": on_ray, "local": run_in_process}
+                for rep in range(reps):
+                    for kind in rotated(list(paths), rep):
+                        run_fn = paths[kind]
                         start = time.perf_counter()
                         materialize_step(step, prefix=tmp, settings=settings, recompute="measured", run_fn=run_fn)
                         samples[kind].append(time.perf_counter() - start)
-                result = time_ratio(f"{label} through warm Ray ÷ in process", samples["ray"], samples["local"],
-                                    at_most=None)
                 fixed = statistics.median(samples["ray"]) - statistics.median(samples["local"])
-                result["fixed_cost_s"] = round(fixed, 4)
-                out.append(result)
+                out.append(compare(f"ray_{'small' if seconds < 0.5 else 'medium'}",
+                                   f"{label} through warm Ray ÷ in process, both warm", samples["ray"],
+                                   samples["local"], "s", note=f"fixed cost {fixed * 1000:.0f} ms"))
         finally:
             resource.shutdown()
             if ray.is_initialized():

@@ -1,10 +1,16 @@
-"""Run every benchmark, print the ratios and write docs/benchmarks.md.
+"""Run every benchmark, print each row, and write the benchmark page from this run's results alone.
 
-    make bench                                   # everything (~10 min on 2 cores)
-    .venv/bin/python bench/run.py --quick        # a smoke run: fewer repetitions, smaller sizes
-    .venv/bin/python bench/run.py --json         # machine-readable
+    make bench                                   # everything (~25 min on 2 cores): writes docs/benchmarks.md
+    .venv/bin/python bench/run.py --quick        # a smoke run (~5 min): fewer repetitions, smaller sizes;
+                                                 # its page goes to $TMPDIR/marin-bench-quick.md, never docs/
+    .venv/bin/python bench/run.py --only load,tokenize   # some groups (names: GROUPS); page only with --page
+    options: --page PATH (where the page goes), --results PATH (the rows as JSON), --json (print them)
 
-Every measure is a ratio against its reference, measured side by side (A B A B) in this run.
+Every row is a side-by-side comparison (ours ÷ a reference doing the same work under the same conditions,
+measured in this run, the order rotated) or an absolute figure against an absolute goal (`measure.py`).
+The page — table, verdicts, profiles of the missed goals, how each measure is taken — is generated from
+this run's rows: the verdicts from the same `met` as the table, the method text from bench/METHODS.md,
+a missed goal's profile from bench/PROFILES.md (only for goals this run missed).
 """
 
 from __future__ import annotations
@@ -14,7 +20,11 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -25,22 +35,29 @@ import demo_measures  # noqa: E402
 import pipeline_throughput  # noqa: E402
 import ray_overhead  # noqa: E402
 import real_tokenize  # noqa: E402
+from measure import check_row, goal_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+PAGE = ROOT / "docs" / "benchmarks.md"
+GROUPS = ("load", "sweep", "demo", "ray", "tokenize", "real_tokenize", "curation", "train")
 
 
-def benchmarks(quick: bool) -> list:
+def benchmarks(quick: bool) -> dict[str, Callable[[], dict | list[dict]]]:
+    """The groups of measures, in the order they run; quick: fewer repetitions, smaller sizes."""
     reps = 2 if quick else None
-    return [
-        lambda: adapter_overhead.measure_load(reps=reps or 7),
-        lambda: adapter_overhead.measure_sweep_load(n_steps=2_000 if quick else 10_000, reps=1 if quick else 3),
-        lambda: demo_measures.measure(quick, reps=reps or 9),
-        lambda: ray_overhead.measure(reps=reps or 7),
-        lambda: pipeline_throughput.measure_tokenize(reps=reps or 5, documents=10_000 if quick else 40_000),
-        lambda: real_tokenize.measure(reps=reps or 5, megabytes=10 if quick else 30),
-        lambda: curation.measure(reps=reps or 3, megabytes=10 if quick else 30),
-        lambda: pipeline_throughput.measure_train(reps=1 if quick else 2, steps=20 if quick else 100),
-    ]
+    return {
+        "load": lambda: adapter_overhead.measure_load(reps=reps or 7),
+        "sweep": lambda: adapter_overhead.measure_sweep_load(n_steps=2_000 if quick else 10_000,
+                                                             reps=1 if quick else 3),
+        "demo": lambda: demo_measures.measure(quick, reps=reps or 9),
+        "ray": lambda: ray_overhead.measure(reps=reps or 7),
+        "tokenize": lambda: pipeline_throughput.measure_tokenize(reps=reps or 5, documents=5_000 if quick else 40_000),
+        "real_tokenize": lambda: real_tokenize.measure(reps=reps or 5, megabytes=10 if quick else 30),
+        "curation": lambda: curation.measure(reps=reps or 3, megabytes=10 if quick else 30),
+        "train": lambda: pipeline_throughput.measure_train(reps=1 if quick else 2, steps=20 if quick else 100,
+                                                           documents=5_000 if quick else 20_000),
+    }
 
 
 def machine() -> str:
@@ -51,48 +68,157 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, Python {platform.python_version()}"
 
 
+def number(x: float | None) -> str:
+    if x is None:
+        return "—"
+    if abs(x) >= 10_000:
+        return f"{x:,.0f}"
+    return f"{x:.4g}"
+
+
+def ratio_text(x: float, decimals: int = 3) -> str:
+    """A ratio: `decimals` decimals, or 3 significant digits below 0.1 (0.00514, not 0.005)."""
+    return f"{x:.{decimals}f}" if abs(x) >= 0.1 else f"{x:.3g}"
+
+
+def met_text(r: dict) -> str:
+    return "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
+
+
 def row(r: dict) -> str:
-    met = "—" if r["goal"] == "report" else ("yes" if r["met"] else "**no**")
-    extra = f" (fixed cost {r['fixed_cost_s'] * 1000:.0f} ms)" if "fixed_cost_s" in r else ""
-    extra += f"; {r['note']}" if "note" in r else ""
-    return (f"| {r['measure']}{extra} | {r['ratio']:.3f} | {r['spread'][0]:.2f}–{r['spread'][1]:.2f} | "
-            f"{r['ours']:g} | {r['reference']:g} | {r['unit']} | {r['reps']} | {r['goal']} | {met} |")
+    """One table row."""
+    note = f"; {r['note']}" if r.get("note") else ""
+    ratio = "—" if r["ratio"] is None else ratio_text(r["ratio"])
+    spread = "—" if r["spread"] is None else f"{ratio_text(r['spread'][0], 2)}–{ratio_text(r['spread'][1], 2)}"
+    return (f"| {r['measure']}{note} | {number(r['ours'])} | {number(r['reference'])} | {ratio} | {spread} | "
+            f"{r['unit']} | {r['reps']} | {goal_text(r)} | {met_text(r)} |")
 
 
-def write_page(results: list[dict], quick: bool) -> Path:
-    page = ROOT / "docs" / "benchmarks.md"
-    page.parent.mkdir(exist_ok=True)
+def verdict(r: dict) -> str:
+    """One line of prose for a row, from the same figures as its table row."""
+    if r["goal"] is None:
+        figure = f"ratio {ratio_text(r['ratio'])}" if r["ratio"] is not None else f"{number(r['ours'])} {r['unit']}"
+        return f"- {r['measure']}: {figure} (for information, no goal)."
+    on_ours = r["goal"]["on"] == "ours"
+    figure = f"{number(r['ours'])} {r['unit']}" if on_ours else f"ratio {ratio_text(r['ratio'])}"
+    context = f" (ratio {ratio_text(r['ratio'])} against its reference)" if on_ours and r["ratio"] is not None else ""
+    return f"- **{'met' if r['met'] else 'missed'}**: {r['measure']}: {figure}{context}, goal {goal_text(r)}."
+
+
+def profiles(text: str) -> dict[str, str]:
+    """bench/PROFILES.md's sections: `## key` → its text."""
+    sections: dict[str, str] = {}
+    for part in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
+        key, _, body = part.partition("\n")
+        sections[key.strip()] = body.strip()
+    return sections
+
+
+def problems_of(results: list[dict]) -> list[str]:
+    """Every row's problems (`measure.check_row`) and duplicate keys."""
+    found = [f"{r.get('key', r.get('measure'))}: {p}" for r in results for p in check_row(r)]
+    keys = [r.get("key") for r in results]
+    found += [f"{k}: two rows have this key" for k in sorted({k for k in keys if keys.count(k) > 1})]
+    return found
+
+
+def page_text(results: list[dict], quick: bool, seconds: float, load_at_start: float, groups: list[str]) -> str:
+    """The whole page, from this run's rows."""
+    goals = [r for r in results if r["goal"] is not None]
+    missed = [r for r in goals if not r["met"]]
+    notes = profiles((BENCH / "PROFILES.md").read_text()) if (BENCH / "PROFILES.md").exists() else {}
+    mode = "`bench/run.py --quick` (a smoke run: not for judging goals)" if quick else "`make bench`"
+    partial = "" if list(groups) == list(GROUPS) else f" Groups measured: {', '.join(groups)} (not all)."
     lines = [
         "# Benchmarks",
         "",
-        f"Measured by `make bench` on {_dt.date.today().isoformat()}{' (quick mode)' if quick else ''}: {machine()}.",
-        "Each ratio compares ours with its reference measured side by side in the same run (A B A B,",
-        "or a rotating order for three or four contenders): the ratio of the medians; the spread is the",
-        "range of the per-repetition ratios. Goals marked **no** are explained, with profiles, below.",
+        "<!-- Generated by bench/run.py from one run; edit bench/METHODS.md or bench/PROFILES.md, not this file. -->",
         "",
-        "| measure | ratio | spread | ours | reference | unit | reps | goal | met |",
+        f"One run of {mode} on {_dt.date.today().isoformat()}, {seconds / 60:.1f} minutes: {machine()};"
+        f" load average {load_at_start:.2f} when it started.{partial}",
+        "Every figure below comes from that run. A **comparison** row divides ours by a reference doing the same",
+        "work under the same conditions, measured side by side in the run, the order rotated each repetition:",
+        "the ratio of the medians, and its spread, the range of the per-repetition ratios. An **absolute** row",
+        "(ratio —) is our own figure against an absolute goal. A goal on `ours` judges the figure itself; the",
+        "ratio beside it is context. `report`: no goal, for information. The row says what is compared, warm or",
+        "cold, and where it runs.",
+        "",
+        "| measure | ours | reference | ratio | spread | unit | reps | goal | met |",
         "|---|---|---|---|---|---|---|---|---|",
         *[row(r) for r in results],
         "",
+        "## Verdicts",
+        "",
+        f"Generated from the table: {len(goals)} goals, {len(goals) - len(missed)} met, {len(missed)} missed.",
+        "",
+        *[verdict(r) for r in goals],
+        "",
+        "For information (no goal):",
+        "",
+        *[verdict(r) for r in results if r["goal"] is None],
+        "",
     ]
-    notes = ROOT / "bench" / "NOTES.md"
-    if notes.exists():
-        lines += [notes.read_text()]
-    page.write_text("\n".join(lines))
-    return page
+    if missed:
+        lines += ["## Profiles of the missed goals", "",
+                  "Where each missed goal's time goes (from bench/PROFILES.md: profiles taken by hand, with their"
+                  " own numbers and dates; the verdicts above are this run's).", ""]
+        for r in missed:
+            lines += [f"### {r['measure']}", "",
+                      notes.get(r["key"], "No profile recorded for this goal yet (add one to bench/PROFILES.md"
+                                          f" under `## {r['key']}`)."), ""]
+    methods = (BENCH / "METHODS.md").read_text().strip()
+    lines += [methods, ""]
+    return "\n".join(lines)
+
+
+def write_page(results: list[dict], path: Path, quick: bool, seconds: float, load_at_start: float,
+               groups: list[str] | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page_text(results, quick, seconds, load_at_start, groups or list(GROUPS)))
+    return path
+
+
+def _argument(flag: str) -> str | None:
+    return sys.argv[sys.argv.index(flag) + 1] if flag in sys.argv else None
 
 
 def main() -> int:
     quick = "--quick" in sys.argv
+    chosen = (_argument("--only") or ",".join(GROUPS)).split(",")
+    unknown = sorted(set(chosen) - set(GROUPS))
+    if unknown:
+        raise SystemExit(f"unknown groups {unknown}; choose from {', '.join(GROUPS)}")
+    page = _argument("--page")
+    if page is None and quick:
+        page = os.path.join(tempfile.gettempdir(), "marin-bench-quick.md")
+    elif page is None and chosen == list(GROUPS):
+        page = str(PAGE)
+    load_at_start = os.getloadavg()[0]
+    if load_at_start > 0.5:
+        print(f"warning: load average {load_at_start:.2f} at start: the machine is not quiet", file=sys.stderr)
+    started = time.monotonic()
     results: list[dict] = []
-    for bench in benchmarks(quick):
+    for name, bench in benchmarks(quick).items():
+        if name not in chosen:
+            continue
+        group_started = time.monotonic()
         found = bench()
         for r in found if isinstance(found, list) else [found]:
             results.append(r)
             print(row(r), flush=True)
+        print(f"# {name}: {time.monotonic() - group_started:.0f} s", flush=True)
+    seconds = time.monotonic() - started
+    print(f"# all: {seconds:.0f} s")
+    problems = problems_of(results)
+    if _argument("--results"):
+        Path(_argument("--results")).write_text(json.dumps(results, indent=2))
     if "--json" in sys.argv:
         print(json.dumps(results, indent=2))
-    print(f"\nwrote {write_page(results, quick)}")
+    if problems:
+        print("rows with problems (page not written):\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
+    if page:
+        print(f"wrote {write_page(results, Path(page), quick, seconds, load_at_start, chosen)}")
     return 0
 
 

@@ -1,0 +1,85 @@
+"""The benchmark harness's cheapest measures, run for real, so that `make bench` cannot break silently: the
+1000-asset load (one repetition, two fresh interpreters) and the tokenize comparison on a tiny corpus and
+tokenizer (one repetition), then the page written from their rows. Speed is never asserted here (it lives
+in `bench/`): only that every row is well formed — finite, positive figures, a ratio that is ours ÷
+reference, a verdict that follows from its goal — and that the page says what the rows say."""
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The bench modules (they import each other by name, from the bench folder)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BENCH))
+        import adapter_overhead
+        import measure
+        import real_tokenize
+        import run
+
+        yield {"adapter_overhead": adapter_overhead, "measure": measure, "real_tokenize": real_tokenize, "run": run}
+
+
+@pytest.fixture(scope="module")
+def rows(bench, tmp_path_factory):
+    from marin_assets.pipeline.tokens.tokenizer import train_tokenizer
+
+    tmp = str(tmp_path_factory.mktemp("bench"))
+    real_tokenize = bench["real_tokenize"]
+    texts = real_tokenize.stdlib_texts(150 << 10)
+    raw = real_tokenize.write_corpus(os.path.join(tmp, "raw"), texts, shards=2)
+    tok = train_tokenizer(os.path.join(tmp, "tok"), raw, vocab_size=400).path
+    load = bench["adapter_overhead"].measure_load(n_assets=1000, reps=1)
+    return [load, *real_tokenize.throughput_rows(tmp, texts, raw, tok, reps=1, corpus="stdlib source, 400-token BPE")]
+
+
+def test_every_row_is_well_formed_with_finite_positive_ratios(bench, rows):
+    assert [r["key"] for r in rows] == ["load_1000", "real_tokenize_vs_fastokens", "real_tokenize_vs_tokenizers",
+                                        "real_tokenize_library"]
+    for r in rows:
+        assert bench["measure"].check_row(r) == [], r
+        assert r["kind"] == "comparison" and r["reps"] == 1
+        assert math.isfinite(r["ratio"]) and r["ratio"] > 0
+        assert r["spread"][0] == pytest.approx(r["ratio"], rel=0.01) == r["spread"][1]  # one repetition
+    assert rows[0]["unit"] == "CPU s" and rows[0]["goal"] == {"on": "ratio", "op": "<=", "value": 1.2}
+    assert all(r["unit"] == "tokens/s" for r in rows[1:])
+    assert rows[3]["goal"] is None and rows[3]["met"] is None  # a library choice: reported, never judged
+
+
+def test_the_page_is_written_from_the_rows_alone(bench, rows, tmp_path):
+    measure, run = bench["measure"], bench["run"]
+    demo = measure.absolute("demo", "demo end to end", [118.0], "s", goal=("ours", "<=", 180))
+    slow = measure.absolute("slow", "something slow", [200.0], "s", goal=("ours", "<=", 180))
+    every = [*rows, demo, slow]
+    assert run.problems_of(every) == []
+    page = run.write_page(every, tmp_path / "page.md", quick=True, seconds=60, load_at_start=0.1,
+                          groups=["load", "real_tokenize"]).read_text()
+    table = [line for line in page.splitlines() if line.startswith("| ") and not line.startswith("| measure")]
+    assert len(table) == len(every)
+    assert "| 118 | — | — | — | s | 1 | ≤ 180 s | yes |" in page  # an absolute row: no ratio, no spread
+    assert "| 200 | — | — | — | s | 1 | ≤ 180 s | **no** |" in page
+    goals = [r for r in every if r["goal"] is not None]
+    missed = [r for r in goals if not r["met"]]
+    assert f"{len(goals)} goals, {len(goals) - len(missed)} met, {len(missed)} missed." in page
+    assert page.count("- **missed**: ") == len(missed) and page.count("- **met**: ") == len(goals) - len(missed)
+    assert "- **missed**: something slow: 200 s, goal ≤ 180 s." in page
+    assert "### something slow" in page and "No profile recorded" in page  # listed even without a profile
+    assert "## How each measure is taken" in page and "quick" in page
+
+
+def test_a_row_that_divides_by_itself_or_contradicts_its_goal_is_refused(bench):
+    measure = bench["measure"]
+    good = measure.compare("x", "x", [1.0, 2.0], [2.0, 2.0], "s", goal=("ratio", "<=", 1.2))
+    assert measure.check_row(good) == [] and good["met"] is True
+    assert measure.check_row({**good, "met": False})
+    assert measure.check_row({**good, "ratio": 3.0})
+    assert measure.check_row({**good, "ours": float("nan")})
+    with pytest.raises(ValueError):
+        measure.absolute("y", "y", [1.0], "s", goal=("ratio", "<=", 1.0))  # an absolute row has no ratio
+    assert measure.rotated(["a", "b"], 0) == ["a", "b"] and measure.rotated(["a", "b"], 1) == ["b", "a"]
