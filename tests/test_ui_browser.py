@@ -43,6 +43,8 @@ def tick(env: dict) -> subprocess.CompletedProcess:
 class UI:
     def __init__(self, base: str, env: dict, page, tmp: Path):
         self.base, self.env, self.page, self.tmp = base, env, page, tmp
+        self.materialized_report: str | None = None
+        """hello/report's identity (opVersion) as the module materialized it."""
 
     def graphql(self, query: str, **variables) -> dict:
         body = json.dumps({"query": query, "variables": variables}).encode()
@@ -62,6 +64,13 @@ class UI:
 
     def materialize_cli(self, select: str) -> subprocess.CompletedProcess:
         return materialize(self.env, select)
+
+    def reload_definitions(self) -> None:
+        """What the UI's "Reload definitions" does, through the API: the code location loads the definitions again."""
+        entries = self.graphql(LOCATIONS)["workspaceOrError"]["locationEntries"]
+        for entry in entries:
+            reloaded = self.graphql(RELOAD, location=entry["name"])["reloadRepositoryLocation"]
+            assert reloaded["__typename"] == "WorkspaceLocationEntry", reloaded
 
     def shot(self, name: str) -> Path:
         SHOTS.mkdir(parents=True, exist_ok=True)
@@ -99,6 +108,14 @@ query Partitions($assetKey: AssetKeyInput!) {
   }
 }"""
 
+LOCATIONS = """
+query Locations { workspaceOrError { ... on Workspace { locationEntries { name } } } }"""
+
+RELOAD = """
+mutation Reload($location: String!) {
+  reloadRepositoryLocation(repositoryLocationName: $location) { __typename }
+}"""
+
 NODE = """
 query Node($assetKey: AssetKeyInput!) {
   assetNodeOrError(assetKey: $assetKey) {
@@ -130,7 +147,31 @@ def ui_server(tmp_path_factory):
     assert evals.returncode == 0, evals.stderr[-3000:]
 
     with dagster_dev_page(DEFINITIONS, env, tmp / "dagster-dev.log") as (base, page):
-        yield UI(base, env, page, tmp)
+        ui_server = UI(base, env, page, tmp)
+        ui_server.materialized_report = ui_server.node("hello/report")["opVersion"]  # its identity, as materialized
+        yield ui_server
+
+
+@pytest.fixture
+def report_as_materialized(ui_server):
+    """`dagster dev` serving hello/report as the module materialized it (title "Hello"): a test may have changed
+    its title and reloaded the definitions before (then they are set back and reloaded again)."""
+    if ui_server.node("hello/report")["opVersion"] != ui_server.materialized_report:
+        Path(ui_server.env["MARIN_UI_SETTINGS"]).write_text(json.dumps({"title": "Hello"}))
+        ui_server.reload_definitions()
+        deadline = time.time() + 60  # a bound against a hang, not a timing assertion
+        while ui_server.node("hello/report")["opVersion"] != ui_server.materialized_report:
+            assert time.time() < deadline, "the reload did not bring the materialized title back"
+            time.sleep(0.5)
+
+
+@pytest.fixture
+def tokenizer_restored(ui_server):
+    """The tokenizer's files as materialized, after a test that replaces them in place."""
+    tokenizer_json = Path(ui.pipeline["tokenizer"].output_path_under(ui_server.env["MARIN_PREFIX"])) / "tokenizer.json"
+    kept = tokenizer_json.read_bytes()
+    yield
+    tokenizer_json.write_bytes(kept)
 
 
 def materialize_button(page):
@@ -153,6 +194,7 @@ def test_a_first_visit_opens_on_the_graph_with_every_checkpoint_evaluated(ui_ser
         page.wait_for_timeout(1500)  # the modal, when enabled, opens once its query answers
         assert page.get_by_text("Join the Dagster community").count() == 0
         assert page.get_by_role("dialog").count() == 0
+        SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / "first-visit.png"))
     finally:
         page.close()
@@ -234,7 +276,7 @@ def test_an_asset_page_tells_what_the_training_made(ui_server):
     assert tokenized["result.tokenizer"]["text"].endswith(ui.pipeline["tokenizer"].name_with_hash)
 
 
-def test_materialize_from_the_asset_page_launches_a_run_that_succeeds(ui_server):
+def test_materialize_from_the_asset_page_launches_a_run_that_succeeds(ui_server, report_as_materialized):
     page = ui_server.page
     before = ui_server.latest_materialization("hello/report")["runId"]
     page.goto(f"{ui_server.base}/assets/hello/report")
@@ -252,7 +294,7 @@ def test_materialize_from_the_asset_page_launches_a_run_that_succeeds(ui_server)
     page.get_by_text(run_id[:8]).first.wait_for()
 
 
-def test_an_unsynced_asset_shows_which_attribute_changed(ui_server):
+def test_an_unsynced_asset_shows_which_attribute_changed(ui_server, report_as_materialized):
     page = ui_server.page
     old_hash = ui_server.node("hello/report")["opVersion"]
     Path(ui_server.env["MARIN_UI_SETTINGS"]).write_text(json.dumps({"title": "Hello, again"}))
@@ -273,7 +315,7 @@ def test_an_unsynced_asset_shows_which_attribute_changed(ui_server):
     ui_server.shot("unsynced-asset.png")
 
 
-def test_a_cache_built_with_another_tokenizer_fails_its_check(ui_server):
+def test_a_cache_built_with_another_tokenizer_fails_its_check(ui_server, tokenizer_restored):
     # Someone replaced the tokenizer's files in place: the cache no longer matches what it declares.
     _, other = corpus_and_tokenizer(ui_server.tmp / "other", train_documents=200, validation_documents=10, seed=7,
                                     shards=1, vocab_size=300)
