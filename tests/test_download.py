@@ -45,6 +45,7 @@ def test_rerun_skips_complete_files_and_replaces_partial_ones(tmp_path, source):
     assert [f.skipped for f in result.files] == [True, False, False]
     assert os.stat(out / "part-0.jsonl").st_mtime_ns == before
     assert sha(out / "part-1.jsonl") == sha(source / "part-1.jsonl")
+    assert not [n for n in os.listdir(out) if n.endswith(".part")]  # the killed attempt's partial is gone
 
 
 def test_a_single_file_and_a_folder(tmp_path, source):

@@ -81,17 +81,22 @@ def test_importing_tokenize_does_not_import_levanter_or_jax():
     assert out == "[]", f"importing the tokenize step's module loaded {out}"
 
 
-def test_commit_ledger_uses_CacheLedger__serialize_and_commit(processor, tmp_path):
+def test_a_ledger_is_committed_whole_and_a_torn_one_falls_back_to_the_commit_before(processor, tmp_path):
     cache_dir = str(tmp_path / "new" / "part")  # not there yet: the commit creates it
     metadata = lc.cache_metadata(processor)
-    lc.commit_ledger(cache_dir, lc.new_ledger(3, {"s": 3}, [], False, metadata))
+    before = lc.new_ledger(3, {"s": 3}, [], False, metadata)
+    lc.commit_ledger(cache_dir, before)
     finished = lc.new_ledger(5, {"s": 5}, ["s"], True, metadata)
     lc.commit_ledger(cache_dir, finished)
     loaded = lc.load_ledger(cache_dir)
-    assert loaded == finished, "CacheLedger._serialize_and_commit then CacheLedger.load no longer round-trips"
-    raw = json.loads((tmp_path / "new" / "part" / "shard_ledger.json").read_text())  # cache_not_empty reads it
+    assert loaded == finished, "CacheLedger.to_json then CacheLedger.load no longer round-trips"
+    ledger = tmp_path / "new" / "part" / lc.LEDGER_FILE
+    raw = json.loads(ledger.read_text())  # cache_not_empty reads it
     assert (raw["total_num_rows"], raw["is_finished"]) == (5, True), \
-        "CacheLedger._serialize_and_commit no longer writes total_num_rows/is_finished to shard_ledger.json"
+        "CacheLedger.to_json no longer writes total_num_rows/is_finished"
+    assert sorted(p.name for p in ledger.parent.iterdir()) == [lc.LEDGER_FILE, f"{lc.LEDGER_FILE}.bak"]  # no temp
+    ledger.write_text("")  # as Levanter's own commit left it when killed between truncating and writing
+    assert lc.load_ledger(cache_dir) == before
     assert lc.load_ledger(str(tmp_path / "none")) is None
 
 

@@ -101,9 +101,13 @@ def copy_file(source_url: str, output_path: str, relative: str, expected: Expect
             digests = _digest_file(out_fs, target, size)
             if digests.mismatch(size, expected) is None:
                 return DownloadedFile(relative, size, digests.sha256.hexdigest(), skipped=True)
-    parent = target.rsplit("/", 1)[0]
-    partial = f"{parent}/.{target.rsplit('/', 1)[-1]}.{uuid.uuid4().hex[:8]}.part"
+    parent, name = target.rsplit("/", 1)
+    partial = f"{parent}/.{name}.{uuid.uuid4().hex[:8]}.part"
     out_fs.makedirs(parent, exist_ok=True)
+    for stale in out_fs.ls(parent, detail=False):  # left by an attempt killed mid-copy (we hold the lease)
+        stale_name = stale.rstrip("/").rsplit("/", 1)[-1]
+        if stale_name.startswith(f".{name}.") and stale_name.endswith(".part"):
+            out_fs.rm(stale)
     digests, size = _Digests(expected.size), 0
     try:
         with fsspec.open(source_url, "rb", **(storage_options or {})) as src, out_fs.open(partial, "wb") as dst:

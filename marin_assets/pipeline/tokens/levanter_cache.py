@@ -2,12 +2,11 @@
 
 `pipeline/tokens/cache_writer.py` builds Levanter caches without Levanter's own Ray cache builder: on a small
 cluster that builder's copy tasks ask for 4 CPUs and 6 GiB and wait forever, so we write one
-sub-cache per input file, commit its ledger ourselves, and concatenate the finished sub-caches in
+sub-cache per input file, commit its ledger ourselves (`commit_ledger`: whole, atomically — a
+committed ledger is what makes a sub-cache resumable), and concatenate the finished sub-caches in
 process. Doing that needs these private Levanter names, each behind one function here and each
 pinned by a test in `tests/test_private_apis.py` (re-check them all when the pin moves):
 
-- `CacheLedger._serialize_and_commit` → `commit_ledger`: write a ledger (creating its folder); a
-  committed ledger is what makes a sub-cache resumable (Levanter only commits inside its builder).
 - `levanter.store.cache._expose_available_rows` → `expose_rows`: set a store's visible row count
   (offsets[0]); used to drop rows written after the last commit, and to reveal appended rows.
 - `levanter.store.cache._extend_cache_with_other_cache` → `copy_cache_data`: append a finished
@@ -29,10 +28,18 @@ import asyncio
 import types
 from typing import TYPE_CHECKING, Any
 
+import fsspec
+
+from marin_assets.core.files import atomic_write, read_bytes
+from marin_assets.core.paths import join_path
+
 if TYPE_CHECKING:
     from levanter.data.text import BatchTokenizer
     from levanter.store.cache import CacheLedger, CacheMetadata
     from levanter.store.tree_store import TreeStore
+
+LEDGER_FILE = "shard_ledger.json"
+"""A cache's ledger (Levanter's `LEDGER_FILE_NAME`): its committed rows, shards and field counts."""
 
 LEVANTER_VERSION = "1.2.dev1644"
 """The Levanter version whose internals this module was written against (pyproject.toml pins it)."""
@@ -99,6 +106,11 @@ def load_ledger(cache_dir: str) -> CacheLedger | None:
         return CacheLedger.load(cache_dir)
     except FileNotFoundError:
         return None
+    except ValueError:  # an empty or torn ledger, left by a commit that wrote in place (before `commit_ledger`)
+        raw = read_bytes(join_path(cache_dir, f"{LEDGER_FILE}.bak"))
+        if raw is None:
+            raise
+        return CacheLedger.from_json(raw.decode())  # the commit before: rows after it are written again
 
 
 def open_store(exemplar: dict, cache_dir: str, mode: str) -> TreeStore:
@@ -111,9 +123,15 @@ def open_store(exemplar: dict, cache_dir: str, mode: str) -> TreeStore:
 # --- private Levanter: one function per private name -------------------------------------------
 
 def commit_ledger(cache_dir: str, ledger: CacheLedger) -> None:
-    """Write `ledger` as `{cache_dir}/shard_ledger.json`, creating the folder and keeping the previous
-    ledger as `.bak` (private: `_serialize_and_commit`)."""
-    ledger._serialize_and_commit(cache_dir)  # noqa: SLF001
+    """Write `ledger` as `{cache_dir}/shard_ledger.json` whole (a local temp file renamed into place, one
+    object on a store), keeping the previous ledger as `.bak` as Levanter does. Levanter's own commit
+    (`_serialize_and_commit`) truncates the file before writing it: a process killed in between left an empty
+    ledger, and the cache could never be resumed."""
+    fs, path = fsspec.core.url_to_fs(join_path(cache_dir, LEDGER_FILE))
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    if fs.exists(path):
+        fs.copy(path, f"{path}.bak")
+    atomic_write(join_path(cache_dir, LEDGER_FILE), ledger.to_json().encode())
 
 
 def expose_rows(store: TreeStore, rows: int) -> None:
