@@ -128,3 +128,19 @@ def check_row(row: dict[str, Any]) -> list[str]:
     if row["reps"] < 1:
         problems.append("no repetitions")
     return problems
+
+
+def in_memory_encoders(texts: Sequence[str], hf: Any, fast: Any, batch: int = 1024) -> dict[str, Any]:
+    """The two in-memory references of the tokenize rows, as contenders (rep → tokens): HF `tokenizers`
+    `encode_batch_fast` and fastokens `encode_batch_flat` over `texts` in batches, no special tokens."""
+    import numpy as np
+
+    def tokenizers_fast(rep: int) -> int:
+        return sum(len(e.ids) for i in range(0, len(texts), batch)
+                   for e in hf.encode_batch_fast(texts[i:i + batch], add_special_tokens=False))
+
+    def fastokens_flat(rep: int) -> int:
+        return sum(len(np.frombuffer(fast.encode_batch_flat(texts[i:i + batch], add_special_tokens=False)[0],
+                                     dtype="<u4")) for i in range(0, len(texts), batch))
+
+    return {"tokenizers": tokenizers_fast, "fastokens": fastokens_flat}

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from measure import compare, rotated
+from measure import compare, in_memory_encoders, rotated
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
@@ -78,7 +78,6 @@ def measure_tokenize(reps: int = 5, documents: int = 40_000) -> list[dict]:
     """(a) above."""
     import logging
 
-    import numpy as np
     import ray
 
     from marin_assets.core.lease import LeaseSettings
@@ -118,19 +117,11 @@ def measure_tokenize(reps: int = 5, documents: int = 40_000) -> list[dict]:
                 return sum(split["tokens"] - per_document * split["documents"] for split in result["splits"].values())
             return run
 
-        def tokenizers_fast(rep: int) -> int:
-            return sum(len(e.ids) for i in range(0, len(texts), 1024)
-                       for e in hf.encode_batch_fast(texts[i:i + 1024], add_special_tokens=False))
-
-        def fastokens_flat(rep: int) -> int:
-            return sum(len(np.frombuffer(fast.encode_batch_flat(texts[i:i + 1024], add_special_tokens=False)[0],
-                                         dtype="<u4")) for i in range(0, len(texts), 1024))
-
         def levanter(rep: int) -> int:
             return levanter_build(os.path.join(tmp, f"levanter{rep}"), raw, tok)
 
-        kinds = {"ours": asset("auto"), "ours_tokenizers": asset("tokenizers"), "tokenizers": tokenizers_fast,
-                 "fastokens": fastokens_flat, "levanter": levanter}
+        kinds = {"ours": asset("auto"), "ours_tokenizers": asset("tokenizers"), **in_memory_encoders(texts, hf, fast),
+                 "levanter": levanter}
         rates: dict[str, list[float]] = {kind: [] for kind in kinds}
         try:
             counted = {}

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from measure import compare, rotated
+from measure import compare, in_memory_encoders, rotated
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,7 +143,6 @@ def memory_row(tmp: str, tok: str, megabytes: int, reps: int = 2, key: str = "re
 def throughput_rows(tmp: str, texts: list[str], raw: str, tok: str, reps: int, corpus: str,
                     key: str = "real_tokenize", label: str = "real text") -> list[dict]:
     """(a), (b), (c) above for `texts` (written at `raw`, described by `corpus`) and the tokenizer `tok`."""
-    import numpy as np
 
     from marin_assets.core.lease import LeaseSettings
     from marin_assets.core.materialize import materialize_step
@@ -168,16 +167,7 @@ def throughput_rows(tmp: str, texts: list[str], raw: str, tok: str, reps: int, c
             return sum(s["tokens"] - per_document * s["documents"] for s in record.result["splits"].values())
         return run
 
-    def hf_fast(rep: int) -> int:
-        return sum(len(e.ids) for i in range(0, len(texts), 1024)
-                   for e in hf.encode_batch_fast(texts[i:i + 1024], add_special_tokens=False))
-
-    def fastokens_flat(rep: int) -> int:
-        return sum(len(np.frombuffer(fast.encode_batch_flat(texts[i:i + 1024], add_special_tokens=False)[0],
-                                     dtype="<u4")) for i in range(0, len(texts), 1024))
-
-    kinds = {"ours": asset("auto"), "ours_tokenizers": asset("tokenizers"), "tokenizers": hf_fast,
-             "fastokens": fastokens_flat}
+    kinds = {"ours": asset("auto"), "ours_tokenizers": asset("tokenizers"), **in_memory_encoders(texts, hf, fast)}
     counted = {kind: fn(-1) for kind, fn in kinds.items()}  # warm, and every contender makes the same tokens
     if len(set(counted.values())) != 1:
         raise AssertionError(f"token counts differ: {counted}")
