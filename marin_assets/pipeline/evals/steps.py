@@ -82,8 +82,8 @@ class CheckpointEvals:
     @property
     def description(self) -> str:
         """What the partitioned asset shows."""
-        function = self.kind.function
-        return (f"{self.kind.summary()[:1].upper()}{self.kind.summary()[1:]} of every checkpoint of"
+        function, summary = self.kind.function, self.kind.summary()
+        return (f"{summary[:1].upper()}{summary[1:]} of every checkpoint of"
                 f" `{self.train.name}`, one partition per checkpoint step, added by the checkpoint sensor as each"
                 f" lands. Made by `{function.__module__}.{function.__qualname__}`.")
 
