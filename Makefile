@@ -1,5 +1,8 @@
 # marin-assets: `make demo` and `make test` are the quick start; both install first.
-PYTHON ?= python3
+# Python 3.12 (Levanter's living line needs it): PYTHON if given, else python3.12 on the PATH, else one that
+# pyenv installed (its `python3.12` shim runs only for a selected version), else python3 if it is 3.12.
+PY_VERSION := 3.12
+PYTHON ?= $(shell bash bin/find-python $(PY_VERSION))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
@@ -14,7 +17,10 @@ export RAY_AUTH_MODE ?= disabled
 install: $(STAMP) .env
 
 $(STAMP): requirements.lock pyproject.toml
-	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "marin-assets needs Python 3.11"'
+	@test -n "$(PYTHON)" || { echo "marin-assets needs Python $(PY_VERSION) and none was found: install it (Debian/Ubuntu: apt install python$(PY_VERSION) python$(PY_VERSION)-venv; macOS: brew install python@$(PY_VERSION); or pyenv install $(PY_VERSION)), or run make PYTHON=/path/to/python$(PY_VERSION)" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; v = "%d.%d" % sys.version_info[:2]; assert v == "$(PY_VERSION)", f"marin-assets needs Python $(PY_VERSION); $(PYTHON) is {v}"'
+	@# A venv made by another Python (the 3.11 of releases before 0.2) is remade, not patched.
+	@test ! -x $(BIN)/python || $(BIN)/python -c 'import sys; assert "%d.%d" % sys.version_info[:2] == "$(PY_VERSION)"' 2>/dev/null || { echo "$(VENV) was made by another Python: remaking it with $(PYTHON)"; rm -rf $(VENV); }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
