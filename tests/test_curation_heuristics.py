@@ -163,7 +163,7 @@ def top_ngram(text: str, n: int) -> float:
     if most < 2:
         return 0.0
     longest = max(sum(map(len, g)) for g, c in grams.items() if c == most)
-    return most * longest / sum(map(len, ws))
+    return most * longest / len(text)
 
 
 def dup_ngram(text: str, n: int) -> float:
@@ -174,7 +174,7 @@ def dup_ngram(text: str, n: int) -> float:
         if gram in seen:
             covered[i:i + n] = [True] * n
         seen.add(gram)
-    return sum(len(w) for w, c in zip(ws, covered, strict=True) if c) / sum(map(len, ws))
+    return sum(len(w) for w, c in zip(ws, covered, strict=True) if c) / len(text)
 
 
 def dup_line_chars(text: str) -> float:

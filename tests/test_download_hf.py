@@ -57,10 +57,9 @@ def hub(repo, monkeypatch):
 
     `huggingface_hub.constants` reads HF_ENDPOINT and HF_HUB_OFFLINE (which the Makefile sets to 1)
     once, at import, and by now something has imported it; so `use_hub` sets the environment
-    variables (for subprocesses and a fresh import) AND monkeypatches the module-level copies:
-    constants.ENDPOINT, constants.HF_HUB_OFFLINE, the resolve-URL template bound in
-    huggingface_hub.file_download, and resets the per-thread requests sessions (built offline or
-    online when first used). fsspec caches HfFileSystem instances, each holding the endpoint it was
+    variables (for subprocesses and a fresh import) AND monkeypatches the module-level copies
+    (constants.ENDPOINT, constants.HF_HUB_OFFLINE, the resolve-URL template), which the client
+    reads on every call. fsspec caches HfFileSystem instances, each holding the endpoint it was
     created with, so the cache is cleared before and after: otherwise `hf://` in a later test
     would call the previous test's (stopped) server.
     """
@@ -134,6 +133,17 @@ def test_unknown_revision_repo_or_pattern_is_a_clear_error(tmp_path, hub):
     assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
 
 
+def test_an_unreachable_hub_is_a_clear_error(tmp_path, monkeypatch):
+    with serve_hub() as stopped:
+        url = stopped.url  # nothing listens there once it stops
+    use_hub(monkeypatch, url)
+    try:
+        with pytest.raises(DownloadError, match=rf"dataset {REPO}: hub unreachable \(ConnectError: "):
+            download_hf(str(tmp_path / "a"), REPO)
+    finally:
+        release_hub()
+
+
 def test_rerun_skips_complete_files_and_redoes_broken_ones(tmp_path, hub):
     out = tmp_path / "out"
     include = ("data/train-0000[01].jsonl.gz", "README.md")
@@ -164,6 +174,8 @@ def test_token_is_sent_but_never_recorded(tmp_path, monkeypatch, hub):
 
     for r in hub.requests_to("/api/") + hub.requests_to("/resolve/"):
         assert r.headers.get("authorization") == f"Bearer {TOKEN}", r.path
+    cdn = hub.requests_to("/cdn-lfs/")  # the LFS file's bytes, on another host: the token stays on the hub
+    assert cdn and all("authorization" not in r.headers for r in cdn)
     assert TOKEN not in repr(result)
     assert TOKEN not in json.dumps(dataclasses.asdict(result))
     for root, _, names in os.walk(out):

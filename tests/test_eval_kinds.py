@@ -1,7 +1,8 @@
 """The evaluation-kind seam: every kind (loss and bits per byte; lm-eval tasks) goes through the same generic
 steps — a final-checkpoint step and a per-checkpoint family — and the same assertions: identity from the kind's
 own attributes, the training run found by type, the final step and the partition of the same checkpoint
-computing the same numbers, table rows matching their columns, and reports finding the evaluation by type."""
+computing the same numbers, table rows matching their columns, and reports finding the evaluation by type; and
+the loss kind's bits per byte is the validation text's own."""
 
 import math
 
@@ -9,11 +10,13 @@ import pytest
 
 from marin_assets import load_result, materialize_step
 from marin_assets.core.record import read_record
+from marin_assets.pipeline.data.text_files import expand_files, iter_documents
 from marin_assets.pipeline.evals.harness import HarnessEval
 from marin_assets.pipeline.evals.harness_tasks import shipped_tasks
 from marin_assets.pipeline.evals.loss import LossEval
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
 from marin_assets.pipeline.reports.experiment_summary import experiment_summary_step
+from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer
 from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from tests.support.helpers import trained_tiny_stories
@@ -75,3 +78,20 @@ def test_every_kind_serves_a_final_step_and_partitions_alike(trained, kind_name)
     assert row["evals"] == final.name
     columns = kind.summary_columns(read_record(final.output_path_under(prefix)).result)
     assert columns and {k: row[k] for k in columns} == columns
+
+
+def test_bits_per_byte_is_the_loss_per_byte_of_the_validation_text(trained):
+    """Levanter's bytes per token id (`levanter.utils.hf_utils.byte_length_of_token`, over the tokenizer as the
+    model's vocabulary sees it: special tokens and unused ids count zero bytes) turn the loss into bits per byte:
+    over the whole validation split, the loss in bits divided by bpb is the split's own bytes per token."""
+    pipeline, prefix, result = trained
+    step = eval_step("evals/kinds-bpb", LossEval({"stories": pipeline["tokenized"]}), pipeline["train"])
+    scored = materialize_step(step, prefix=prefix).record.result
+    tokenizer = load_hf_tokenizer(result.model_and_tokenizer()[1])
+    texts = [text for _, _, text in iter_documents(
+        expand_files(pipeline["corpus"].output_path_under(prefix), ["validation/*"]), "text", "auto")]
+    assert texts and all(t.isascii() for t in texts)  # Levanter counts a token that is part of a character as 3
+    tokens = sum(len(tokenizer(t).input_ids) for t in texts)  # with the EOS around each document, zero bytes
+    text_bytes = sum(len(t.encode()) for t in texts)
+    assert scored["per_dataset"]["stories"]["bpb"] == pytest.approx(scored["bpb"], rel=1e-6)
+    assert scored["loss"] / math.log(2) / scored["bpb"] == pytest.approx(text_bytes / tokens, rel=2e-3)

@@ -130,8 +130,9 @@ def test_an_export_scores_as_its_checkpoint(trained, evaluated):
 
 
 def test_the_model_scores_a_continuation_as_a_plain_forward_pass_does(trained):
-    """`levanter.eval_harness._LmEvalHarnessWorker` (private) scores requests packed several to a sequence; each
-    equals the log-probability of the continuation's tokens after the document-start token and the context."""
+    """`levanter.eval_harness._LmEvalHarnessWorker` (private) scores requests packed several to a sequence of the
+    model's training length; each equals the log-probability of the continuation's tokens after the document-start
+    token and the context."""
     import haliax as hax
     import jax
     import jax.numpy as jnp
@@ -148,13 +149,14 @@ def test_the_model_scores_a_continuation_as_a_plain_forward_pass_does(trained):
     try:
         with harness_model(result.checkpoint_path(), model, tokenizer_path, result.vocab_size, batch_size=2) as lm:
             scored = lm.loglikelihood(requests)
-            tok, net = lm.tokenizer, lm.leader.model
+            tok, net, Pos = lm.tokenizer, lm.leader.model, lm.EvalPos
+            assert Pos.size == model.seq_len  # the length it was trained at, not the model's largest
             plain = []
             for context, continuation in pairs:
                 whole = tok(context + continuation, add_special_tokens=False).input_ids
-                ids = ([tok.bos_token_id] + whole)[-net.Pos.size:]
+                ids = ([tok.bos_token_id] + whole)[-Pos.size:]
                 start = len(ids) - (len(whole) - len(tok(context, add_special_tokens=False).input_ids))
-                tokens = hax.named(jnp.array(ids + [0] * (net.Pos.size - len(ids))), net.Pos)
+                tokens = hax.named(jnp.array(ids + [0] * (Pos.size - len(ids))), Pos)
                 logits = net(tokens, attn_mask=AttentionMask.causal()).array.astype(jnp.float32)
                 logp = jax.nn.log_softmax(logits, axis=-1)
                 plain.append((sum(float(logp[i - 1, ids[i]]) for i in range(start, len(ids))),
@@ -165,8 +167,8 @@ def test_the_model_scores_a_continuation_as_a_plain_forward_pass_does(trained):
         pytest.fail(f"levanter.eval_harness._LmEvalHarnessWorker / LevanterHarnessLM changed: {e}")
     for (ours, greedy), (expected, expected_greedy) in zip(scored, plain, strict=True):
         assert math.isclose(ours, expected, abs_tol=1e-3) and greedy == expected_greedy
-    # Levanter's own tokenization (the tokenizer's post-processor: BOS and EOS around each text) scores other
-    # tokens; if this ever holds, its override in harness.py can go.
+    # Levanter's own tokenization (the text alone, without the document-start token training put before every
+    # document) scores other tokens; if this ever holds, the overrides in levanter_harness.py can go.
     assert not any(math.isclose(a, b, abs_tol=1e-3) for (a, _), (b, _) in zip(levanters_own, plain[:4], strict=True))
     assert truncated == {None: 1}  # per task (these requests have none): the long one
 

@@ -131,8 +131,9 @@ def test_a_cache_round_trips_through_the_hub_trains_and_its_export_uploads(made,
     model_upload = hub_upload_step("uploads/hub-llama", export, "user/hub-llama", max_commit_files=2,
                                    max_commit_bytes=weights - 1)
     uploaded = load_result(materialize_step(model_upload, prefix=made.prefix).output_path, HubUpload)
-    # The weights alone; the small files in pairs on either side of them, in path order.
-    assert len(uploaded.commits) == math.ceil(len(before) / 2) + 1 + math.ceil(len(after) / 2) == 4
+    # The weights alone; the small files in pairs on either side of them, in path order: config.json |
+    # model.safetensors | tokenizer.json, tokenizer_config.json (transformers 5 writes no special_tokens_map.json).
+    assert len(uploaded.commits) == math.ceil(len(before) / 2) + 1 + math.ceil(len(after) / 2) == 3
     model_repo = hub.repos[("model", "user/hub-llama")]
     assert [model_repo.changed_paths(sha) for sha in uploaded.commits][1] == ["model.safetensors"]
     model_dir = snapshot_download("user/hub-llama", local_dir=tmp_path / "model")
@@ -218,6 +219,21 @@ def test_the_token_is_sent_but_never_recorded(made, hub, caplog, capfd, monkeypa
     out, err = capfd.readouterr()
     for secret in (TOKEN, wrong):
         assert secret not in out + err + caplog.text
+
+
+def test_an_unreachable_hub_is_a_clear_error_without_the_token(tmp_path, monkeypatch):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a")
+    with serve_hub() as stopped:
+        url = stopped.url  # nothing listens there once it stops
+    use_hub(monkeypatch, url, token=TOKEN)
+    try:
+        with pytest.raises(HubUploadError) as failed:
+            upload_to_hub(str(tmp_path / "out"), str(tmp_path / "src"), "user/gone")
+    finally:
+        release_hub()
+    assert str(failed.value).startswith("model user/gone@main: creating the repository: ConnectError: ")
+    assert TOKEN not in str(failed.value)
 
 
 def test_upload_and_download_throughput_against_the_emulator(hub, tmp_path):

@@ -188,3 +188,34 @@ def test_a_chat_cache_comes_back_as_a_chat_cache_with_its_masks_verified(made, t
     with pytest.raises(Exception, match=r"train/assistant_masks/data: value 7 at position 3 is not a 0/1 assistant"):
         materialize_step(bad, prefix=made.prefix)
     assert read_status(bad.output_path_under(made.prefix)).status is Status.FAILED
+
+
+def test_a_sharded_cache_is_verified_sub_cache_by_sub_cache(made, tmp_path):
+    """A split tokenized by a fan-out is sub-caches tied by a sharded ledger: downloaded, it counts as the
+    serial cache does; an id outside the vocabulary in one sub-cache, or a ledger Levanter would refuse, fails."""
+    from marin_assets.pipeline.tokens.tokenize import tokenize
+
+    corpus = made.tokenized.deps[0].output_path_under(made.prefix)
+    tokenizer = made.tokenizer.output_path_under(made.prefix)
+    sharded = tokenize(str(tmp_path / "sharded"), corpus, tokenizer, workers=2)  # in process: no Ray here
+    assert json.loads((tmp_path / "sharded" / "train" / "shard_ledger.json").read_text())["layout"] == "sharded"
+    copied = pretokenized_step("tokenized/pretok-sharded", f"file://{sharded.path}", made.tokenizer)
+    cache = load_result(materialize_step(copied, prefix=made.prefix).output_path, TokenizedCache)
+    assert cache.splits == sharded.splits == load_result(made.cache, TokenizedCache).splits
+
+    broken = tmp_path / "broken-id"
+    shutil.copytree(sharded.path, broken)
+    _write("train/00001", "data", 7, 5000)(broken)
+    bad = pretokenized_step("tokenized/pretok-sharded-bad-id", f"file://{broken}", made.tokenizer)
+    with pytest.raises(Exception, match=r"train/00001/input_ids/data: token id 5000 at position 7 is outside"):
+        materialize_step(bad, prefix=made.prefix)
+
+    broken = tmp_path / "broken-counts"
+    shutil.copytree(sharded.path, broken)
+    _ledger("train", lambda ledger: ledger["field_counts"].update(input_ids=ledger["field_counts"]["input_ids"] + 1))(
+        broken)
+    bad = pretokenized_step("tokenized/pretok-sharded-bad-counts", f"file://{broken}", made.tokenizer)
+    with pytest.raises(Exception, match=r"train/shard_ledger\.json: not a valid sharded ledger \(ValueError: Sharded"
+                                        r" cache ledger field count mismatch"):
+        materialize_step(bad, prefix=made.prefix)
+    assert read_status(bad.output_path_under(made.prefix)).status is Status.FAILED

@@ -2,8 +2,8 @@
 
 Each test names the private function in its failure message: when an upgrade changes one, it fails here,
 loudly and by name, rather than as a corrupt cache or a schedule that never fires. The private calls
-themselves live in one place each: `marin_assets/pipeline/tokens/levanter_cache.py` and
-`marin_assets/pipeline/evals/levanter_harness.py` (Levanter),
+themselves live in one place each: `marin_assets/pipeline/evals/levanter_harness.py` (Levanter; the cache
+fence, `pipeline/tokens/levanter_cache.py`, now calls public names only, and its tests stay here beside them),
 `marin_assets/dagster/schedules.py::stale_or_missing` (Dagster), `resources/ray.py::session_dir` (Ray).
 """
 
@@ -46,29 +46,18 @@ def hf_tokenizer(frames_with_eos: bool, normalizer=None):
 
 
 @pytest.fixture(scope="module")
-def processor():
-    return lc.batch_tokenizer(hf_tokenizer(frames_with_eos=True), "text")
-
-
-def write_cache(path: str, exemplar: dict, rows: list[list[int]]) -> None:
-    store = lc.open_store(exemplar, path, mode="a")
-    store.extend([{"input_ids": r} for r in rows])
-
-
-def read_rows(path: str, exemplar: dict) -> list[list[int]]:
-    store = lc.open_store(exemplar, path, mode="r")
-    return [list(map(int, row["input_ids"])) for row in store.get_batch_sync(list(range(len(store))))]
-
-
-A = [[1, 2, 3], [4, 5]]
-B = [[6, 7, 8, 9]]
+def processor(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("tokenizer"))
+    hf_tokenizer(frames_with_eos=True).save_pretrained(folder)
+    return lc.batch_tokenizer(folder, "text")
 
 
 def test_pinned_versions_are_the_installed_ones():
     """The private calls below were checked against these versions; an upgrade must re-check them."""
-    assert importlib.metadata.version("levanter") == lc.LEVANTER_VERSION, "levanter moved: review levanter_cache.py"
+    assert importlib.metadata.version("marin-levanter") == lc.LEVANTER_VERSION, \
+        "marin-levanter moved: review levanter_cache.py (its cache API, ledger layout and processors)"
     assert importlib.metadata.version("jax") == lc.JAX_VERSION, \
-        "jax moved: does its tensorstore spec builder know s3:// now? review refuse_unsupported_array_store"
+        "jax moved: review pipeline/tokens/array_store.py (the S3 settings Levanter's tensorstore specs need)"
     assert importlib.metadata.version("dagster") == "1.13.27", "dagster moved: review schedules.stale_or_missing"
     assert importlib.metadata.version("ray") == "2.60.0", "ray moved: review resources/ray.py::session_dir"
 
@@ -98,63 +87,6 @@ def test_a_ledger_is_committed_whole_and_a_torn_one_falls_back_to_the_commit_bef
     ledger.write_text("")  # as Levanter's own commit left it when killed between truncating and writing
     assert lc.load_ledger(cache_dir) == before
     assert lc.load_ledger(str(tmp_path / "none")) is None
-
-
-def test_expose_rows_uses__expose_available_rows(processor, tmp_path):
-    path = str(tmp_path / "c")
-    exemplar = processor.output_exemplar
-    write_cache(path, exemplar, [[1, 2], [3], [4, 5, 6]])
-    store = lc.open_store(exemplar, path, mode="a")
-    lc.expose_rows(store, 2)  # as after a crash: a third row was written but never committed
-    assert len(store) == 2 and read_rows(path, exemplar) == [[1, 2], [3]], \
-        "_expose_available_rows no longer truncates the visible rows"
-    store.extend([{"input_ids": [7]}])
-    assert read_rows(path, exemplar) == [[1, 2], [3], [7]], \
-        "_expose_available_rows: rows appended after it no longer replace the uncommitted ones"
-    lc.expose_rows(store, 1)
-    lc.expose_rows(store, 3)  # revealing rows again (what merge_parts does after a copy)
-    assert read_rows(path, exemplar) == [[1, 2], [3], [7]], "_expose_available_rows no longer reveals rows"
-
-
-def two_caches(tmp_path, exemplar: dict) -> tuple[str, str, dict[str, int]]:
-    dest, part = str(tmp_path / "dest"), str(tmp_path / "part")
-    write_cache(dest, exemplar, A)
-    write_cache(part, exemplar, B)
-    offsets = {k: v.data_size for k, v in lc.open_store(exemplar, dest, mode="a").tree.items()}
-    assert offsets == {"input_ids": 5}
-    return dest, part, offsets
-
-
-def test_copy_cache_data_uses__extend_cache_with_other_cache(processor, tmp_path):
-    exemplar = processor.output_exemplar
-    dest, part, offsets = two_caches(tmp_path, exemplar)
-    assert lc.copy_cache_data(dest, part, exemplar, offsets, len(A)) == len(B), \
-        "_extend_cache_with_other_cache no longer returns the source's row count"
-    store = lc.open_store(exemplar, dest, mode="r")
-    data = store.tree["input_ids"].data[5:9].read().result()
-    assert list(map(int, data)) == B[0], "_extend_cache_with_other_cache no longer copies data at the offset"
-    assert len(store) == len(A), "_extend_cache_with_other_cache now changes the visible rows"
-
-
-def test_copy_cache_offsets_uses__extend_cache_metadata_with_other(processor, tmp_path):
-    exemplar = processor.output_exemplar
-    dest, part, offsets = two_caches(tmp_path, exemplar)
-    assert lc.copy_cache_offsets(dest, part, exemplar, offsets, len(A)) == len(B), \
-        "_extend_cache_metadata_with_other no longer returns the source's row count"
-    store = lc.open_store(exemplar, dest, mode="r")
-    ends = store.tree["input_ids"].offsets[1:4].read().result()
-    assert list(map(int, ends)) == [3, 5, 9], \
-        "_extend_cache_metadata_with_other no longer appends the source's row ends shifted by the data offset"
-    assert len(store) == len(A), "_extend_cache_metadata_with_other now changes the visible rows"
-
-
-def test_append_cache_then_expose_concatenates(processor, tmp_path):
-    exemplar = processor.output_exemplar
-    dest, part, offsets = two_caches(tmp_path, exemplar)
-    lc.append_cache(dest, part, exemplar, offsets, len(A))
-    lc.expose_rows(lc.open_store(exemplar, dest, mode="a"), len(A) + len(B))
-    assert read_rows(dest, exemplar) == A + B, \
-        "_extend_cache_with_other_cache + _extend_cache_metadata_with_other no longer concatenate caches"
 
 
 def test_stale_or_missing_uses_CachingStaleStatusResolver():
@@ -200,13 +132,16 @@ def test_session_dir_is_the_embedded_rays_session_folder(local_ray):
     assert os.path.basename(path).startswith("session_") and os.path.isdir(os.path.join(path, "logs"))
 
 
-def test_the_harness_model_uses_LmEvalHarnessWorker_and_LevanterHarnessLM_as_they_were():
-    """`evals/levanter_harness.py` builds Levanter's private `_LmEvalHarnessWorker` and subclasses
+def test_the_harness_model_uses__LmEvalHarnessWorker():
+    """`evals/levanter_harness.py` builds Levanter's private `_LmEvalHarnessWorker` under a subclass of the public
     `LevanterHarnessLM`, reading the leader's `EvalPos`, `EvalBatch`, `max_packed_segments` and calling
-    `dispatch_loglikelihood` (scores as lm-eval's own run, in tests/test_harness_eval.py)."""
+    `dispatch_loglikelihood` (scores as lm-eval's own run and as a plain forward pass, in
+    tests/test_harness_eval.py). Levanter turns `LevanterHarnessLM` into a bare `object` subclass when lm-eval
+    fails to import (as older lm-evals did under transformers 5): that would be an `LM` lm-eval cannot run."""
     import inspect
 
     from levanter.eval_harness import LevanterHarnessLM, _LmEvalHarnessWorker
+    from lm_eval.api.model import TemplateLM
 
     from marin_assets.pipeline.evals.levanter_harness import lm_class
 
@@ -216,6 +151,7 @@ def test_the_harness_model_uses_LmEvalHarnessWorker_and_LevanterHarnessLM_as_the
     assert "max_packed_segments" in worker, "_LmEvalHarnessWorker no longer takes max_packed_segments"
     assert callable(getattr(_LmEvalHarnessWorker, "dispatch_loglikelihood", None)), \
         "_LmEvalHarnessWorker.dispatch_loglikelihood is gone"
+    assert issubclass(LevanterHarnessLM, TemplateLM), "Levanter could not import lm-eval: LevanterHarnessLM is no LM"
     ours = lm_class()
     assert issubclass(ours, LevanterHarnessLM)
     for overridden in ("_loglikelihood_tokens", "loglikelihood", "tok_encode"):

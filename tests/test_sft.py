@@ -97,22 +97,25 @@ def levanter_chat_examples(pipeline, seq_len: int = 512):
     """Levanter's own datasets over the chat cache, as training (train split) and evaluation (validation)
     read them through our data config: split → the packed examples as numpy (tokens, loss, segment ids)."""
     import haliax as hax
-    from levanter.data.text import MultiturnChatDataset
+    import jax
+    from levanter.data.text.datasets import ChatDataset
 
     from marin_assets.pipeline.training.levanter_data import data_config
 
     cache = pipeline.result(pipeline.chat, TokenizedCache)
     config = data_config(pipeline.path(pipeline.bpe), {"chat": cache.path}, {"chat": 1.0})
     Pos = hax.Axis("position", seq_len)
-    datasets = {"train": config.build_token_datasets(config.build_caches("train"), Pos)["chat"],
-                "validation": config.validation_sets(Pos)["chat"]}
+    train = config.train_sets(Pos, key=jax.random.PRNGKey(0), initial_batch_size=4)["chat"]  # what the mixture mixes
+    validation = config.validation_sets(Pos)["chat"]  # what evaluation reads: named examples over the same kind
+    assert isinstance(train, ChatDataset) and isinstance(validation.dataset, ChatDataset), (train, validation)
     examples = {}
-    for split, dataset in datasets.items():
-        assert isinstance(dataset, MultiturnChatDataset), type(dataset)
-        synced = dataset.as_sync_dataset()
-        examples[split] = [(np.asarray(ex.tokens.array), np.asarray(ex.loss_mask.array),
-                            np.asarray(ex.attn_mask.segment_ids[0].array)) for ex in (synced[i]
-                                                                                      for i in range(len(synced)))]
+    synced = train.as_sync_dataset()
+    examples["train"] = [(np.asarray(ex.tokens), np.asarray(ex.loss_weight), np.asarray(ex.attn_mask.segment_ids[0]))
+                         for ex in (synced[i] for i in range(len(synced)))]
+    synced = validation.as_sync_dataset()
+    examples["validation"] = [(np.asarray(ex.tokens.array), np.asarray(ex.loss_weight.array),
+                               np.asarray(ex.attn_mask.segment_ids[0].array))
+                              for ex in (synced[i] for i in range(len(synced)))]
     return cache, examples
 
 
@@ -134,7 +137,8 @@ def test_the_loss_falls_exactly_on_the_assistant_tokens(pipeline):
                 start, end = int(where[0]), int(where[-1]) + 1
                 conv = expected_convs[split][len(seen)]  # conversations are packed in the cache's order
                 seen.append(conv)
-                ids = tokenizer.apply_chat_template(conv, chat_template=DEFAULT_CHAT_TEMPLATE, tokenize=True)
+                ids = tokenizer.apply_chat_template(conv, chat_template=DEFAULT_CHAT_TEMPLATE, tokenize=True,
+                                                    return_dict=False)
                 assert tokens[start:end].tolist() == ids  # the whole conversation, untruncated
                 # Position i's weight is for predicting token i + 1: the weighted targets must be exactly the
                 # assistant tokens found by rendering each prefix — no system or user token, none missed.

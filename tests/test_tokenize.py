@@ -25,12 +25,38 @@ def inputs(tmp_path_factory):
 
 
 def read_tokens(cache_dir, tokenizer_path):
-    from levanter.data.text import BatchTokenizer
-    from levanter.store.cache import TreeCache
+    """Every row of a cache as training loads it (Levanter's text format, the tokenizer's own processor)."""
+    from levanter.data.text.cache import load_lm_dataset_cache
+    from levanter.data.text.formats import TextLmDatasetFormat
+    from levanter.tokenizers import load_tokenizer
 
-    exemplar = BatchTokenizer(load_hf_tokenizer(tokenizer_path)).output_exemplar
-    cache = TreeCache.load(cache_dir, exemplar)
+    cache = load_lm_dataset_cache(cache_dir, TextLmDatasetFormat(), load_tokenizer(tokenizer_path))
     return [row["input_ids"] for row in cache.get_batch_sync(list(range(len(cache))))]
+
+
+def training_sequences(cache_dir, tokenizer_path, seq_len=64):
+    """What Levanter trains on from a text cache: its token stream cut into `seq_len` windows, and the same
+    documents packed into `seq_len` examples (`TokenSeqDataset`, `GreedyPrepackedDataset`)."""
+    import asyncio
+
+    from levanter.data.packing import GreedyPrepackedDataset
+    from levanter.data.text.cache import load_lm_dataset_cache
+    from levanter.data.text.datasets import TokenSeqDataset
+    from levanter.data.text.formats import TextLmDatasetFormat
+    from levanter.tokenizers import load_tokenizer
+
+    cache = load_lm_dataset_cache(cache_dir, TextLmDatasetFormat(), load_tokenizer(tokenizer_path))
+    windows = TokenSeqDataset(cache, seq_len)
+    packed = GreedyPrepackedDataset(cache.jagged_array_tree(), seq_len, max_segments_per_example=8,
+                                    slice_strategy="left")  # as PackedTokenDataset packs
+
+    async def read():
+        seqs = await windows.get_batch(list(range(await windows.async_len())))
+        packs = await packed.get_batch(list(range(await packed.async_len())))
+        return ([s["input_ids"].tolist() for s in seqs],
+                [(p["input_ids"].tolist(), segments["input_ids"].tolist()) for p, segments in packs])
+
+    return asyncio.run(read())
 
 
 def test_tokenize_counts_match_the_tokenizer(inputs, tmp_path):
@@ -120,6 +146,12 @@ def test_files_fan_out_to_ray_tasks_with_identical_output(inputs, tmp_path, loca
     tokenize(str(tmp_path / "ray"), raw, tok, workers=2)
     a, b = read_tokens(str(tmp_path / "serial" / "train"), tok), read_tokens(str(tmp_path / "ray" / "train"), tok)
     assert len(a) == len(b) == 6000 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    # The fanned-out split is six sub-caches read in place; training sees the serial cache's sequences.
+    ledger = json.loads((tmp_path / "ray" / "train" / "shard_ledger.json").read_text())
+    assert ledger["layout"] == "sharded" and len(ledger["finished_shards"]) == 6
+    assert not (tmp_path / "ray" / "train" / "input_ids").exists()  # nothing was copied into one array
+    serial, fanned = (training_sequences(str(tmp_path / name / "train"), tok) for name in ("serial", "ray"))
+    assert serial == fanned and len(serial[0]) > 100 and len(serial[1]) > 100
 
 
 def test_bad_input_through_the_step_names_the_asset_and_leaves_no_success(inputs, tmp_path, prefix):

@@ -3,7 +3,6 @@
 anything is computed (the pinned JAX's tensorstore would write its arrays to a local folder `s3:`)."""
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +15,11 @@ from marin_assets.core.results import from_jsonable
 from marin_assets.core.status import Status
 from marin_assets.core.step import Step
 from marin_assets.core.stores import read_status
-from marin_assets.pipeline.data.download import url_download_step
 from marin_assets.pipeline.data.readers import DatasetError
 from marin_assets.pipeline.tokens import cache_writer
 from marin_assets.pipeline.tokens import levanter_cache as lc
 from marin_assets.pipeline.tokens.chat import chat_tokenize_step
 from marin_assets.pipeline.tokens.encoders import encoder
-from marin_assets.pipeline.tokens.levanter_cache import UnsupportedArrayStoreError, refuse_unsupported_array_store
 from marin_assets.pipeline.tokens.tokenize import SplitStats, TokenizedCache, tokenize, tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import existing_tokenizer_step
 from tests.support.chat import conversations
@@ -212,7 +209,10 @@ def test_a_resumed_file_skips_exactly_what_it_read_and_keeps_the_count(tokenizer
         cache_writer.tokenize_files([str(file)], cache, tokenizer_dir, rows_per_commit=3)
     ledger = lc.load_ledger(cache)
     assert not ledger.is_finished and ledger.total_num_rows == 9  # three commits of three rows
-    assert sum(ledger.field_counts.values()) == 4  # and the empty documents among them
+    dropped = {k: n for k, n in ledger.field_counts.items() if k.startswith(cache_writer.EMPTY_DROPPED + "/")}
+    assert sum(dropped.values()) == 4  # and the empty documents among them
+    committed = [t for t in texts if t.strip()][:9]
+    assert ledger.field_counts["input_ids"] == sum(map(len, framed(tokenizer_dir, committed)))  # and their tokens
     monkeypatch.setattr(cache_writer, "_commit", real_commit)
     resumed = cache_writer.tokenize_files([str(file)], cache, tokenizer_dir, rows_per_commit=3)
     kept = [t for t in texts if t.strip()]
@@ -220,7 +220,7 @@ def test_a_resumed_file_skips_exactly_what_it_read_and_keeps_the_count(tokenizer
     assert cache_rows(cache) == framed(tokenizer_dir, kept)
 
 
-def test_fanned_out_files_merge_their_counts(tokenizer_dir, tmp_path, local_ray):
+def test_fanned_out_files_make_one_sharded_cache_with_their_counts(tokenizer_dir, tmp_path, local_ray):
     for i in range(3):
         (tmp_path / "data").mkdir(exist_ok=True)
         (tmp_path / "data" / f"{i}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n"
@@ -231,43 +231,17 @@ def test_fanned_out_files_merge_their_counts(tokenizer_dir, tmp_path, local_ray)
     empty = sum(1 for n in (10, 11, 12) for t in interleaved(n) if not t.strip())
     assert fanned.splits == serial.splits and serial.splits["train"].empty_documents_dropped == empty == 10
     assert cache_rows(str(tmp_path / "fanned" / "train")) == cache_rows(str(tmp_path / "serial" / "train"))
+    # One sharded ledger over the three sub-caches, in the split's folder: no array was copied.
+    train = tmp_path / "fanned" / "train"
+    ledger = lc.load_ledger(str(train))
+    assert ledger.layout == "sharded" and ledger.finished_shards == ["00000", "00001", "00002"]
+    assert sorted(p.name for p in train.iterdir() if p.is_dir()) == ["00000", "00001", "00002"]
+    assert ledger.field_counts["input_ids"] == serial.splits["train"].tokens
+    assert ledger.field_counts == {k: sum(c.get(k, 0) for c in ledger.field_counts_by_shard.values())
+                                   for k in ledger.field_counts}  # as Levanter checks on load
+    dropped = [k for k in ledger.field_counts if k.startswith(cache_writer.EMPTY_DROPPED + "/")]
+    assert len(dropped) == 3 and all(k.split("/", 1)[1].startswith(("00000-", "00001-", "00002-")) for k in dropped)
+    assert not (tmp_path / "fanned" / ".parts").exists()  # the claims went with the fan-out
 
 
 # --- s3:// refused before anything is computed -----------------------------------------------------------
-
-def test_the_fence_refuses_s3_and_lets_the_rest_through():
-    for fine in ("gs://bucket/tokenized/x_1", "/data/tokenized/x_1", "outputs/x", "memory://x"):
-        refuse_unsupported_array_store(fine, "tokenized/x")
-    with pytest.raises(UnsupportedArrayStoreError) as caught:
-        refuse_unsupported_array_store("s3://bucket/tokenized/x_1", "tokenized/x")
-    assert str(caught.value) == (
-        "tokenized/x: refusing to write Levanter arrays to s3://bucket/tokenized/x_1: the s3:// scheme is not"
-        " supported yet — tensorstore under the pinned JAX 0.7.2 writes s3:// arrays to a local folder named 's3:'"
-        " (while the step would report SUCCESS); use a gs:// or local prefix for this step until the Levanter"
-        " upgrade")
-
-
-def test_a_tokenize_step_on_s3_fails_before_computing_anything(tokenizer_dir, s3_prefix, tmp_path, monkeypatch):
-    import fsspec
-
-    monkeypatch.chdir(tmp_path)  # where the arrays would have gone: ./s3:/marin/…
-    source = tmp_path / "source"
-    source.mkdir()
-    (source / "a.jsonl").write_text('{"text": "a document on its way to S3"}\n')
-    data = url_download_step("raw/s3-data", [str(source)])
-    tok = existing_tokenizer_step("tokenizers/s3", tokenizer_dir)
-    for step in (data, tok):
-        materialize_step(step, prefix=s3_prefix, settings=FAST)
-    tokenized = tokenize_step("tokenized/s3", data, tok, splits={"train": ["*.jsonl"]})
-    with pytest.raises(UnsupportedArrayStoreError) as caught:
-        materialize_step(tokenized, prefix=s3_prefix, settings=FAST)
-    out = tokenized.output_path_under(s3_prefix)
-    text = str(caught.value) + "".join(getattr(caught.value, "__notes__", []))
-    assert re.search(rf"refusing to write Levanter arrays to {re.escape(out)}: the s3:// scheme is not supported",
-                     text) and "use a gs:// or local prefix" in text
-    assert "step 'tokenized/s3'" in text  # the note names the asset
-    assert read_status(out).status is Status.FAILED
-    fs = fsspec.filesystem("s3")
-    fs.invalidate_cache()
-    assert [p.rsplit("/", 1)[-1] for p in fs.ls(out, detail=False)] == [".status.json"]  # nothing written
-    assert not (tmp_path / "s3:").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["source"]

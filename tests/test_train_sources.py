@@ -126,25 +126,28 @@ def digit_ids(pipeline) -> set[int]:
 # --- vocabulary: the tokenizer's largest id + 1, and ids with no token ----------------------------
 
 def test_levanter_sees_the_model_vocabulary_and_ids_without_a_token_as_zero_bytes(tmp_path):
+    from levanter.tokenizers import MarinTokenizer, load_tokenizer
     from levanter.utils.hf_utils import byte_length_of_token
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
-    from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer, model_vocab_size
+    from marin_assets.pipeline.tokens.tokenizer import model_vocab_size
     from marin_assets.pipeline.training.levanter_model import model_vocab_view
 
     folder = cl100k_folder(tmp_path / "cl100k")
-    tokenizer = load_hf_tokenizer(folder)
-    assert len(tokenizer) == 100_261 and tokenizer.convert_ids_to_tokens(CL100K_GAP) is None
+    tokenizer = load_tokenizer(folder)  # the tokenizer as Levanter loads a run's
+    assert len(tokenizer) == 100_261 and CL100K_GAP not in tokenizer.get_vocab().values()
     vocab = model_vocab_size(folder, TINY.vocab_multiple)
     assert vocab == 100_352 and vocab % 128 == 0 and vocab > CL100K_MAX_ID
     view = model_vocab_view(tokenizer, vocab)
-    assert isinstance(view, PreTrainedTokenizerFast) and len(view) == vocab == len(view.get_vocab())
+    assert isinstance(view, MarinTokenizer) and len(view) == vocab == len(view.get_vocab())
     assert sorted(view.get_vocab().values()) == list(range(vocab))  # every id the model predicts has a name
-    # Levanter's own byte count: zero for the gap and for the padding rows, the text's bytes otherwise
-    hello = tokenizer("hello", add_special_tokens=False)["input_ids"][0]
+    # Levanter's own byte count: zero for the gap, the padding rows and an added special token Levanter's
+    # tokenizer does not list as special (cl100k's <|endofprompt|>), the text's bytes otherwise
+    assert CL100K_MAX_ID not in tokenizer.all_special_ids
+    hello = tokenizer.encode("hello")[0]
     assert [byte_length_of_token(view, i) for i in (CL100K_GAP, vocab - 1, CL100K_MAX_ID, hello)] == [0, 0, 0, 5]
-    assert view("hi there")["input_ids"] == tokenizer("hi there")["input_ids"]
-    view.save_pretrained(str(tmp_path / "saved"))  # an export saves the tokenizer itself
+    assert view.encode("hi there") == tokenizer.encode("hi there")
+    view.as_hf_tokenizer().save_pretrained(str(tmp_path / "saved"))  # what an export saves: the tokenizer itself
     assert len(AutoTokenizer.from_pretrained(str(tmp_path / "saved"))) == 100_261
     with pytest.raises(ValueError, match="does not cover the tokenizer's largest id 100276"):
         model_vocab_view(tokenizer, 100_261)
@@ -189,7 +192,7 @@ def test_staged_weights_are_recorded_and_a_component_weighted_zero_is_not_read(p
                                key=jax.random.PRNGKey(0)).as_sync_dataset()
     digits = digit_ids(pipeline)
 
-    def from_digits(indices) -> list[bool]:
+    def from_digits(indices) -> list[bool]:  # Levanter's named examples (`LmExample`)
         return [sum(t in digits for t in np.asarray(ex.tokens.array).tolist()) > TINY.seq_len // 4
                 for ex in mixture.get_batch(indices)]
 
@@ -215,9 +218,8 @@ def test_a_token_budget_sets_the_steps_and_limits_a_component_to_its_first_token
                                                        initial_batch_size=BATCH)["digits"]
     budgeted, whole = budgeted.as_sync_dataset(), whole.as_sync_dataset()
     assert len(budgeted) == 4 * BATCH < len(whole)  # whole batches of the first tokens: 16 sequences
-    first = [np.asarray(ex.tokens.array) for ex in budgeted.get_batch(range(16))]
-    assert all((a == np.asarray(b.tokens.array)).all() for a, b in zip(first, whole.get_batch(range(16)),
-                                                                        strict=True))
+    first = [np.asarray(ex.tokens) for ex in budgeted.get_batch(range(16))]  # per component: plain arrays
+    assert all((a == np.asarray(b.tokens)).all() for a, b in zip(first, whole.get_batch(range(16)), strict=True))
 
 
 def test_bad_stages_and_budgets_fail_where_they_are_written(pipeline):
@@ -334,6 +336,11 @@ def test_a_plain_hugging_face_folder_is_checked_and_fingerprinted_where_the_step
     assert train_step("checkpoints/hf-plain", data, fits, LR, SHORT, init_from=from_hf(folder)).hash != step.hash
     with pytest.raises(ValueError, match="is not a Hugging Face model folder: it has no config.json"):
         from_hf(str(tmp_path))
+    # transformers 5 writes the rotary base inside `rope_parameters`
+    other = write_hf_llama(tmp_path / "llama-rope", rms_norm_eps=1e-6,
+                           rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+    with pytest.raises(StepDefinitionError, match=r"rope_theta: this model 10000.0, the source 500000.0 \(rope_theta\)"):
+        train_step("checkpoints/hf-plain", data, fits, LR, SHORT, init_from=from_hf(other))
 
 
 def test_a_model_that_does_not_fit_the_source_checkpoint_is_a_definition_error(pipeline):
@@ -399,13 +406,14 @@ def test_components_tokenized_with_different_tokenizers_fail_before_training(pip
 GPU_PROBE = """
 import importlib.util, json
 import jax
+from marin_assets.pipeline.training.levanter_trainer import CUDA_PLUGIN
 try:
     found = jax.devices("gpu")
     print(json.dumps([found[0].device_kind, len(found)]))
 except Exception as e:  # JAX raises a bare AssertionError when no backend starts
     why = f"{type(e).__name__}: {e}"
-    if importlib.util.find_spec("jax_cuda12_plugin") is None:
-        why = "JAX's CUDA 12 plugin (jax-cuda12-plugin) is not installed"
+    if importlib.util.find_spec(CUDA_PLUGIN) is None:
+        why = f"JAX's CUDA 13 plugin ({CUDA_PLUGIN}) is not installed"
     print(json.dumps(why))
 """
 
@@ -450,10 +458,10 @@ def test_a_gpu_step_without_cuda_in_jax_fails_at_once_saying_so(pipeline, tmp_pa
                            cache, "cuda"], env=subprocess_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode != 0
-    assert (f"AcceleratorError: training at {out}: asked to run on 'cuda', but JAX 0.7.2 cannot start that"
+    assert (f"AcceleratorError: training at {out}: asked to run on 'cuda', but JAX 0.11.2 cannot start that"
             in proc.stderr)
-    assert "(JAX's CUDA 12 plugin (jax-cuda12-plugin) is not installed)" in proc.stderr
-    assert "pip install 'jax[cuda12]==0.7.2' (docs/gpu.md)" in proc.stderr
+    assert "(JAX's CUDA 13 plugin (jax-cuda13-plugin) is not installed)" in proc.stderr
+    assert "pip install 'jax[cuda13]==0.11.2' (docs/gpu.md)" in proc.stderr
     assert not (out / "checkpoints").exists()
 
 

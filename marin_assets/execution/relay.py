@@ -104,29 +104,25 @@ def _relaying(lines: queue.Queue) -> Iterator[None]:
 
 
 def _follow_hub_settings() -> None:
-    """Make this step's HF_ENDPOINT / HF_HUB_OFFLINE take effect in a warm worker.
+    """Make this step's HF_ENDPOINT / HF_HUB_OFFLINE / HF_HUB_DISABLE_XET take effect in a warm worker.
 
-    `huggingface_hub` reads them once, when first imported (by an earlier step on this worker, e.g.
-    through transformers), and keeps a requests session per thread: without this a step sent to a
-    local hub, or online, would still go to the old endpoint, or be refused as offline.
+    `huggingface_hub` (1.x) reads them once, into `huggingface_hub.constants`, when first imported (by
+    an earlier step on this worker, e.g. through transformers): without this a step sent to a local
+    hub, or online, would still go to the old endpoint, or be refused as offline. Nothing else needs
+    resetting: its one shared httpx client checks `constants.HF_HUB_OFFLINE` on every request and
+    binds no endpoint, and the token (HF_TOKEN) is read on every call.
     """
     constants = sys.modules.get("huggingface_hub.constants")
     if constants is None:
         return
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
-    if getattr(constants, "ENDPOINT", None) == endpoint and getattr(constants, "HF_HUB_OFFLINE", None) == offline:
-        return
-    template = endpoint + "/{repo_id}/resolve/{revision}/{filename}"
-    settings = {"ENDPOINT": endpoint, "HF_HUB_OFFLINE": offline, "HUGGINGFACE_CO_URL_TEMPLATE": template}
+    truthy = {"1", "ON", "YES", "TRUE"}
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in truthy
+    no_xet = os.environ.get("HF_HUB_DISABLE_XET", "").upper() in truthy
+    settings = {"ENDPOINT": endpoint, "HF_HUB_OFFLINE": offline, "HF_HUB_DISABLE_XET": no_xet,
+                "HUGGINGFACE_CO_URL_TEMPLATE": endpoint + "/{repo_id}/resolve/{revision}/{filename}"}
     for name, value in settings.items():
         setattr(constants, name, value)
-    file_download = sys.modules.get("huggingface_hub.file_download")
-    if file_download is not None:
-        setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template)  # noqa: B010 — a copy bound at import
-    from huggingface_hub.utils import reset_sessions
-
-    reset_sessions()
 
 
 @contextlib.contextmanager

@@ -100,7 +100,7 @@ def assistant_positions(tokenizer, template: str, conversation: list[dict[str, s
     """Token positions of the assistant's turns, from prefixes rendered with the template: turn k's tokens
     run from the length of everything before it plus the generation prompt to the length through it."""
     def length(messages, prompt):
-        return len(tokenizer.apply_chat_template(messages, chat_template=template, tokenize=True,
+        return len(tokenizer.apply_chat_template(messages, chat_template=template, tokenize=True, return_dict=False,
                                                  add_generation_prompt=prompt))
 
     positions: set[int] = set()

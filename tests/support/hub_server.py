@@ -1,6 +1,6 @@
 """A local stand-in for the Hugging Face Hub HTTP API, for tests (standard library only).
 
-It speaks enough of the Hub's protocol that the real `huggingface_hub` client (0.36: `HfApi`,
+It speaks enough of the Hub's protocol that the real `huggingface_hub` client (1.x: `HfApi`,
 `HfFileSystem` / `hf://` URLs, `hf_hub_download`) works against it through `HF_ENDPOINT`:
 
     repo = HubRepo("user/tiny-stories", files={"data/a.jsonl.gz": b"...", "README.md": b"# hi"})
@@ -19,7 +19,8 @@ Endpoints (repo type `datasets`, `models` (no URL prefix) or `spaces`; `{repo}` 
     GET  /api/{type}s/{repo}/commits/{rev}                history, newest first, paginated
     GET|HEAD /[{type}s/]{repo}/resolve/{rev}/{path}       file bytes, Range requests (206/416), ETag,
                                                           X-Repo-Commit; LFS files add X-Linked-Etag and
-                                                          X-Linked-Size and 302 to /cdn-lfs/{sha256}
+                                                          X-Linked-Size and 302 to /cdn-lfs/{sha256} on
+                                                          another host name (`localhost` for 127.0.0.1)
     GET|HEAD /cdn-lfs/{sha256}                            LFS content (the "CDN"), Range requests
 
 Writes, as `HfApi.create_repo` / `create_branch` / `create_commit` / `preupload_lfs_files` send them
@@ -44,6 +45,8 @@ Writes, as `HfApi.create_repo` / `create_branch` / `create_commit` / `preupload_
                                                           412 if parentCommit is not the branch head,
                                                           422 for an LFS object never uploaded
     POST /api/validate-yaml                               README front matter: accepted
+    GET  /api/agent-harnesses                             404 (the client's best-effort fetch of a registry it
+                                                          would cache under HF_HOME)
 
 `HubServer(fail_commits_after=k)` answers every commit after the k-th with 503 (an outage: the
 client does not retry commits), to test resuming an interrupted upload; `uploaded` holds the LFS
@@ -423,51 +426,51 @@ def serve_hub(*repos, **options):
 
 
 def use_hub(monkeypatch, url: str, token: str | None = None) -> None:
-    """Point an already-imported `huggingface_hub` at `url`, online, for one test.
+    """Point an already-imported `huggingface_hub` (1.x) at `url`, online, for one test.
 
-    `huggingface_hub.constants` reads HF_ENDPOINT and HF_HUB_OFFLINE when it is first imported,
-    so setting the environment variables inside a test is not enough once anything imported it:
+    `huggingface_hub.constants` reads HF_ENDPOINT, HF_HUB_OFFLINE and HF_HUB_DISABLE_XET when it is
+    first imported, so setting the environment variables inside a test is not enough once anything
+    imported it:
       * HfApi() and HfFileSystem() take `constants.ENDPOINT`;
       * `hf_hub_url` (used to read every file, also by HfFileSystem) formats
-        `file_download.HUGGINGFACE_CO_URL_TEMPLATE`, a copy bound at import, then swaps the
-        endpoint prefix only if the URL starts with `constants.ENDPOINT` -- patching
-        `constants.ENDPOINT` alone sends repo_info to the local server but file reads to
-        the public hub;
-      * `constants.HF_HUB_OFFLINE` is read when a thread's requests Session is created, and
-        sessions are cached per thread: `reset_sessions()` drops any offline (or online) one;
+        `constants.HUGGINGFACE_CO_URL_TEMPLATE`, then swaps the endpoint prefix only if the URL
+        starts with `constants.ENDPOINT` -- patching `constants.ENDPOINT` alone sends repo_info to
+        the local server but file reads to the public hub;
+      * the shared httpx client checks `constants.HF_HUB_OFFLINE` on every request (no session to
+        rebuild, unlike 0.x's per-thread requests sessions);
+      * with `hf_xet` installed, every upload goes through Xet storage (a CAS service this emulator
+        does not speak): `constants.HF_HUB_DISABLE_XET` makes the client use the LFS batch API;
+        downloads would use Xet only if a HEAD /resolve answered `X-Xet-Hash`, which this one never does;
       * fsspec caches HfFileSystem instances per thread and each keeps the endpoint it was made
         with (and a dircache): clear the instance cache so `hf://` uses this endpoint.
     Call `release_hub()` after the test (the fixture in test_download_hf.py does).
     """
-    from huggingface_hub import constants, file_download
-    from huggingface_hub.utils import reset_sessions
+    from huggingface_hub import constants
 
     monkeypatch.setenv("HF_ENDPOINT", url)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
     monkeypatch.setattr(constants, "ENDPOINT", url)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    template = url + "/{repo_id}/resolve/{revision}/{filename}"
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
-    monkeypatch.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
     # No token from the developer's machine: only HF_TOKEN, if the test sets it.
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", "/nonexistent/hf-token")
     monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", "/nonexistent/hf-stored-tokens")
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.delenv("HF_OIDC_RESOURCE", raising=False)
     if token is None:
         monkeypatch.delenv("HF_TOKEN", raising=False)
     else:
         monkeypatch.setenv("HF_TOKEN", token)
-    reset_sessions()
     release_hub()
 
 
 def release_hub() -> None:
-    """Forget cached HfFileSystem instances and requests sessions (call after monkeypatch undoes)."""
+    """Forget cached HfFileSystem instances (call after monkeypatch undoes)."""
     from huggingface_hub import HfFileSystem
-    from huggingface_hub.utils import reset_sessions
 
     HfFileSystem.clear_instance_cache()
-    reset_sessions()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -534,6 +537,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _base(self) -> str:
         return f"http://{self.headers.get('Host') or f'127.0.0.1:{self.server.server_address[1]}'}"
+
+    def _cdn_base(self) -> str:
+        """This server under the loopback's other name: the CDN is another host, as at the Hub, so the
+        client stops at the 302 to read a file's metadata (X-Repo-Commit) and sends the CDN no token."""
+        host = (self.headers.get("Host") or "127.0.0.1").rsplit(":", 1)[0]
+        return f"http://{'localhost' if host == '127.0.0.1' else '127.0.0.1'}:{self.server.server_address[1]}"
 
     # -- routing -----------------------------------------------------------------------------
 
@@ -869,7 +878,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             headers.update({"X-Linked-Etag": f'"{entry.sha256}"', "X-Linked-Size": str(entry.size)})
             if self.hub.lfs_redirect:
                 filename = quote(path.rsplit("/", 1)[-1])
-                location = f"{self._base()}/cdn-lfs/{entry.sha256}?response-content-disposition=" + \
+                location = f"{self._cdn_base()}/cdn-lfs/{entry.sha256}?response-content-disposition=" + \
                     quote(f"inline; filename*=UTF-8''{filename}", safe="")
                 body = f"Found. Redirecting to {location}".encode()
                 return self._send(302, body, {**headers, "Location": location,

@@ -30,7 +30,7 @@ def _converted():
     # HF tokenizers' regex engine reads tiktoken's possessive `{1,3}+` as a repeat: drop the `+`.
     pattern = encoding._pat_str.replace("{1,3}+", "{1,3}")
     return encoding, TikTokenConverter(vocab_file=cl100k_file(), pattern=pattern,
-                                       additional_special_tokens=encoding._special_tokens).converted()
+                                       extra_special_tokens=encoding._special_tokens).converted()
 
 
 @cache

@@ -62,14 +62,15 @@ class HeuristicRules:
     gopher_dup_paragraph_chars: float | None = 0.2
     """Gopher repetition: at most 20% of the characters are in paragraphs repeating an earlier one."""
     gopher_top_2gram: float | None = 0.2
-    """Gopher repetition: the most frequent repeated word 2-gram covers at most 20% of word characters."""
+    """Gopher repetition: the most frequent repeated word 2-gram's words hold at most 20% of the document's
+    characters (`heuristic_counts` says how n-gram characters are counted)."""
     gopher_top_3gram: float | None = 0.18
     """Gopher repetition: the most frequent repeated 3-gram covers at most 18%."""
     gopher_top_4gram: float | None = 0.16
     """Gopher repetition: the most frequent repeated 4-gram covers at most 16%."""
     gopher_dup_5gram: float | None = 0.15
-    """Gopher repetition: word 5-grams repeating an earlier 5-gram of the document cover at most 15% of
-    its word characters (each character counted once; the first occurrence is not a repeat, as in
+    """Gopher repetition: the words of word 5-grams repeating an earlier 5-gram of the document hold at most
+    15% of its characters (each character counted once; the first occurrence is not a repeat, as in
     datatrove, which FineWeb used)."""
     gopher_dup_6gram: float | None = 0.14
     """Gopher repetition: duplicated 6-grams cover at most 14%."""

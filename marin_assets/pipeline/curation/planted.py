@@ -6,8 +6,11 @@ below 0.3), so what a stage removes from the base is a false positive. Planted, 
 from `seed`:
 
 - exact duplicates: some base documents copied 2–4 times;
-- near-duplicates: copies with a known number of words replaced (`NEAR_EDITS`), and far copies with
-  half of their words replaced (not duplicates: a stage must keep them);
+- near-duplicates: copies with a known number of words replaced (`NEAR_EDITS`), each a token that is one
+  word as the stages count words (`ngrams`), so an edit changes at most five word 5-grams. Whatever the
+  Python's text, copies with 1 or 2 edits keep 5-gram Jaccard 0.8 or more (fuzzy dedup's default threshold)
+  and every edit count has a copy that does (`GRAMS_PER_EDIT`); and far copies with half of their words
+  replaced (not duplicates: a stage must keep them);
 - a repeated paragraph (a boilerplate line) appended to several base documents (paragraph dedup);
 - low-quality documents of named kinds (`LOW_QUALITY_KINDS`): symbol runs, repeated lines, very short,
   word salad without stop words, digits, over-long words;
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sysconfig
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,13 +37,20 @@ from dataclasses import asdict, dataclass, field
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
 from marin_assets.core.step import Step, made_by
+from marin_assets.pipeline.curation.ngrams import ngram_hashes
 from marin_assets.pipeline.curation.shards import document_id
 from marin_assets.pipeline.data.corpus import write_jsonl_shards
-from marin_assets.pipeline.data.python_docs import python_documents
+from marin_assets.pipeline.data.python_docs import PythonBuild, PythonDocsError, python_documents
 
 MIN_WORDS = 80
 NEAR_EDITS = (1, 2, 4, 8)
-"""Words replaced in near-duplicate copies (documents of at least MIN_WORDS words)."""
+"""Words replaced in near-duplicate copies."""
+GRAMS_PER_EDIT = 45
+"""e edits change at most 5e of a document's G distinct word 5-grams, so its copy keeps Jaccard at least
+(G - 5e) / (G + 5e): 0.8 when G >= 45e. Near copies are made of documents of at least 90 (2 edits' worth),
+and the first copy of each edit count of one of at least 45e."""
+_WORD = re.compile(r"[a-z0-9\u0080-\U0010ffff]+")
+"""A word as `ngrams` counts words (in lowercased text)."""
 FAR_FRACTION = 0.5
 LOW_QUALITY_KINDS = ("symbols", "repeated_lines", "short", "word_salad", "digits", "long_words")
 EVAL_SETS = ("stdlib-qa", "pydoc-reference")
@@ -138,9 +149,34 @@ def _one_line_paragraphs(texts: Sequence[str], min_words: int = 25) -> list[str]
     return found
 
 
-def _replace_words(text: str, count: int, rng: random.Random, vocabulary: Sequence[str]) -> str:
+def _distinct_grams(texts: Sequence[str], n: int = 5) -> list[int]:
+    """Distinct word n-grams of each text, words as the stages count them (`ngrams`)."""
+    hashes, offsets = ngram_hashes(texts, n)
+    return [len(set(hashes[offsets[i]:offsets[i + 1]].tolist())) for i in range(len(texts))]
+
+
+def _near_originals(base: Sequence[str], count: int, rng: random.Random) -> list[str]:
+    """Distinct documents to copy with `NEAR_EDITS[i % 4]` edits, each long enough for `GRAMS_PER_EDIT`."""
+    grams = _distinct_grams(base)
+    chosen: list[str] = []
+    for i in range(count):
+        edits = NEAR_EDITS[i % len(NEAR_EDITS)]
+        least = GRAMS_PER_EDIT * (edits if i < len(NEAR_EDITS) else min(edits, 2))
+        fits = [t for t, g in zip(base, grams, strict=True) if g >= least and t not in chosen]
+        if not fits:
+            raise ValueError(f"no base document of {least}+ distinct 5-grams left for a copy with {edits} edits")
+        chosen.append(rng.choice(fits))
+    return chosen
+
+
+def _replace_words(text: str, count: int, rng: random.Random, vocabulary: Sequence[str],
+                   one_word_tokens: bool = False) -> str:
+    """`count` space-separated tokens replaced by vocabulary words; with `one_word_tokens`, only tokens that
+    are one word as the stages count words, so each edit replaces exactly one word."""
     words = text.split(" ")
-    positions = rng.sample([i for i, w in enumerate(words) if w.strip()], min(count, len(words)))
+    eligible = [i for i, w in enumerate(words)
+                if (len(_WORD.findall(w.lower())) == 1 if one_word_tokens else w.strip())]
+    positions = rng.sample(eligible, min(count, len(eligible)))
     for i in positions:
         words[i] = rng.choice(vocabulary)
     return " ".join(words)
@@ -182,12 +218,14 @@ def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exa
         copies = rng.randint(2, 4)
         records += [text] * (copies - 1)
         truth.exact_duplicates[document_id(text)] = copies
-    originals = rng.sample(base, near_duplicates + near_duplicates // 4)
+    originals = _near_originals(base, near_duplicates, rng)
+    taken = set(originals)
+    originals += rng.sample([t for t in base if t not in taken], near_duplicates // 4)
     for i, text in enumerate(originals):
         far = i >= near_duplicates
         words = len(text.split())
         edits = int(words * FAR_FRACTION) if far else NEAR_EDITS[i % len(NEAR_EDITS)]
-        copy = _replace_words(text, edits, rng, vocabulary)
+        copy = _replace_words(text, edits, rng, vocabulary, one_word_tokens=not far)
         records.append(copy)
         truth.near_duplicates.append(NearDuplicate(document_id(text), document_id(copy), edits, words, far))
     for text in rest[:12]:
@@ -240,7 +278,16 @@ def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exa
     return done
 
 
-def planted_corpus_step(name: str, seed: int = 0) -> Step:
-    """The planted corpus (real documentation with known duplicates, junk and contamination) as a raw dataset."""
-    return Step(name=name, fn=lambda out: plant_corpus(out, seed), hash_attrs={"seed": seed, "format": "planted-v1"},
+def planted_corpus_step(name: str, seed: int = 0, python: PythonBuild | None = None) -> Step:
+    """The planted corpus (real documentation with known duplicates, junk and contamination) as a raw dataset.
+    Its text is a Python build's documentation, so the build (default: the running one) is identity."""
+    python = python or PythonBuild.current()
+
+    def plant(out: str) -> PlantedTruth:
+        if PythonBuild.current() != python:
+            raise PythonDocsError(f"this step's identity is for {python}'s documentation, but it runs under"
+                                  f" {PythonBuild.current()}: run it where that Python is, or define it here")
+        return plant_corpus(out, seed)
+
+    return Step(name=name, fn=plant, hash_attrs={"seed": seed, "python": python, "format": "planted-v2"},
                 kind="generate", description=made_by(plant_corpus))

@@ -124,7 +124,7 @@ def copy_file(source_url: str, output_path: str, relative: str, expected: Expect
     except OSError as e:
         raise DownloadError(f"{source_url}: cannot read ({type(e).__name__}: {e})") from None
     except Exception as e:
-        if type(e).__module__.startswith(("aiohttp", "requests", "urllib3")):
+        if type(e).__module__.startswith(("aiohttp", "httpx", "requests", "urllib3")):  # hf:// reads use httpx
             raise DownloadError(f"{source_url}: unreachable ({type(e).__name__}: {e})") from None
         raise
     finally:
@@ -241,12 +241,9 @@ def hf_source_version(repo_id: str, revision: str = "main", repo_type: str = "da
 
 
 def _repo_info(repo_id: str, revision: str, repo_type: str, files_metadata: bool):
+    import httpx  # huggingface_hub's HTTP client: its HfHubHTTPError is an httpx.HTTPError, and so is ConnectError
     from huggingface_hub import HfApi
-    from huggingface_hub.utils import (
-        HfHubHTTPError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.utils import RepositoryNotFoundError, RevisionNotFoundError
 
     try:
         return HfApi().repo_info(repo_id, revision=revision, repo_type=repo_type, files_metadata=files_metadata)
@@ -254,7 +251,7 @@ def _repo_info(repo_id: str, revision: str, repo_type: str, files_metadata: bool
         raise DownloadError(f"{repo_type} {repo_id}: revision {revision!r} not found") from None
     except RepositoryNotFoundError:
         raise DownloadError(f"{repo_type} {repo_id}: repository not found (or not accessible)") from None
-    except (HfHubHTTPError, OSError) as e:
+    except (httpx.HTTPError, OSError) as e:
         raise DownloadError(f"{repo_type} {repo_id}: hub unreachable ({type(e).__name__}: {e})") from None
 
 

@@ -5,10 +5,11 @@ One commit of thousands of files or hundreds of GB is slow, times out, and is al
 fails; so files go, in path order, in commits of at most `max_commit_files` files and
 `max_commit_bytes` bytes (a larger file goes alone). A re-run after a crash skips every file the
 branch already holds with the same content (its LFS sha256 or git blob id, from one listing of
-the branch), so it makes only the commits that are missing and never repeats one; LFS objects an
-interrupted attempt sent without committing are not sent again (the hub's LFS batch API says it
-has them). Hidden files (`.artifact.json`, `.status.json`, unfinished `.part` files) are
-bookkeeping, not output, and stay behind.
+the branch), so it makes only the commits that are missing and never repeats one; content an
+interrupted attempt sent without committing is not sent again (with `hf_xet` installed the client
+uploads through Xet storage, which already holds its chunks; without it, the hub's LFS batch API
+says it has the objects). Hidden files (`.artifact.json`, `.status.json`, unfinished `.part`
+files) are bookkeeping, not output, and stay behind.
 
 The token comes from `HF_TOKEN` or the `hf auth login` store, as for every Hugging Face client,
 and is never recorded: not in the result, a log line or an error.
@@ -134,6 +135,7 @@ def _scrub(text: str) -> str:
 @contextlib.contextmanager
 def _hub_errors(where: str, doing: str) -> Iterator[None]:
     """Hub and network failures as one `HubUploadError` saying where, what was being done and why."""
+    import httpx  # huggingface_hub's HTTP client: a refused connection is an httpx.ConnectError, not an OSError
     from huggingface_hub.utils import HfHubHTTPError
 
     try:
@@ -147,7 +149,7 @@ def _hub_errors(where: str, doing: str) -> Iterator[None]:
         raise HubUploadError(_scrub(f"{where}: {doing}: the hub answered {status} ({cause}){hint}")) from None
     except HubUploadError:
         raise
-    except (OSError, ValueError, RuntimeError) as e:  # network (requests' errors are OSErrors), malformed answers
+    except (httpx.HTTPError, OSError, ValueError, RuntimeError) as e:  # network (httpx), files, malformed answers
         raise HubUploadError(_scrub(f"{where}: {doing}: {type(e).__name__}: {e}")) from None
 
 

@@ -2,8 +2,8 @@
 
 The docstrings of the standard library's modules, classes and functions (read from its `.py`
 source with `ast`, never by importing it) and pydoc's topics (`pydoc_data.topics`: the language
-reference's sections behind `help("assert")`). About 7,000 documents, 2.2 MB of text on CPython
-3.11: small enough for a laptop demo, real enough that a tiny model's loss behaves like a real
+reference's sections behind `help("assert")`). About 6,800 documents, 2.6 MB of text on CPython
+3.12: small enough for a laptop demo, real enough that a tiny model's loss behaves like a real
 run's instead of dropping to zero on template sentences.
 
 The text is fixed by the Python build, so the step's identity holds its implementation and

@@ -5,13 +5,13 @@ against the YAML's folder — lm-eval alone resolves them against its working di
 their place, is the task's identity: edit a row and every evaluation using the task is a new output.
 
 The model is Levanter's lm-eval adapter (`levanter.eval_harness`: the checkpoint scored on one process,
-requests packed several to a sequence), with one change: requests are tokenized as lm-eval's `TemplateLM` does
-(context and continuation without special tokens, split where the whole text's tokens part) behind the
-document-start token training put before every document. Levanter's own adapter tokenizes each text with the
-tokenizer's post-processor, which with our tokenizers (BOS and EOS around every text) counts the context's
-trailing EOS as prompt, leaves the continuation's first token unscored and scores a spurious EOS.
-lm-eval then runs as `simple_evaluate` does, on tasks loaded without indexing its 14,700 built-in ones, and
-the few-shot count it reports for each task is checked against the one asked for."""
+requests packed several to a sequence of the model's training length), with one change: requests are tokenized
+as lm-eval's `TemplateLM` does (context and continuation without special tokens, split where the whole text's
+tokens part) behind the document-start token training put before every document. Levanter's own adapter
+tokenizes the text alone: no document-start token before the context, unlike every training document, and after
+an empty context the continuation's first token goes unscored. lm-eval then runs as `simple_evaluate` does,
+on tasks loaded without indexing its 14,700 built-in ones, and the few-shot count it reports for each task is
+checked against the one asked for."""
 
 from __future__ import annotations
 

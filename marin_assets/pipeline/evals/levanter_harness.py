@@ -1,7 +1,9 @@
-"""The one place that touches Levanter's lm-eval harness internals (pinned Levanter; see
-`tests/test_private_apis.py`): `levanter.eval_harness._LmEvalHarnessWorker` and its `LevanterHarnessLM`
-wrapped as an lm-eval `LM` that scores a continuation as training sees it, in one process. Levanter
-is imported inside functions.
+"""The one place that touches Levanter's lm-eval harness internals (marin-levanter 0.2.227; pinned by
+`tests/test_private_apis.py`): the private `levanter.eval_harness._LmEvalHarnessWorker` (the jitted scorer
+Levanter's public `run_lm_eval_harness` builds but does not expose) under a `LevanterHarnessLM` that scores a
+continuation as training sees it, in one process. The public runner cannot serve: it tokenizes without the
+document-start token, takes tasks only as `TaskConfig`s (no local data files) and skips `simple_evaluate`.
+Checkpoints load through Levanter's public `levanter.model_loading`. Levanter is imported inside functions.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def lm_class() -> type:
     from levanter.data.loader import stack_batches
     from levanter.data.packing import PromptCompletion, greedy_pack_prompt_completions
     from levanter.eval_harness import LevanterHarnessLM, get_segment_ids_from_batch
+    from levanter.utils.background_iterable import BackgroundIterator
     from lm_eval.api.model import TemplateLM
 
     class FramedHarnessLM(LevanterHarnessLM):
@@ -75,7 +78,8 @@ def lm_class() -> type:
                                                     max_segments_per_example=self.leader.max_packed_segments)
             logprobs, greedy = np.zeros(len(requests)), np.zeros(len(requests), dtype=bool)
             covered = np.zeros(len(requests), dtype=bool)
-            for batch in stack_batches(iter(packed), Pos, self.EvalBatch):
+            # `stack_batches` yields from inside a one-CPU mesh and device: a thread keeps both out of scoring
+            for batch in BackgroundIterator(stack_batches(iter(packed), Pos, self.EvalBatch), max_capacity=64):
                 expected = set(get_segment_ids_from_batch(batch, self.leader.max_packed_segments * self.EvalBatch.size))
                 ids, lls, correct = (jax.device_get(a.array) for a in self.leader.dispatch_loglikelihood(batch))
                 valid = ids != -1
@@ -95,26 +99,21 @@ def lm_class() -> type:
 def harness_model(checkpoint: str, model: ModelSpec, tokenizer_path: str, vocab_size: int | None = None,
                   batch_size: int = 8, platform: str | None = None) -> Iterator[Any]:
     """A Levanter checkpoint (or Hugging Face folder) as an lm-eval model (`lm_eval.api.model.LM`), for
-    `lm_eval.simple_evaluate(model=…)`: loglikelihoods of `batch_size` packed sequences at a time.
+    `lm_eval.simple_evaluate(model=…)`: loglikelihoods of `batch_size` packed sequences of the model's training
+    length (`model.seq_len`) at a time.
 
     `vocab_size`: rows of the model's embedding (None: as a fresh training run sizes it)."""
     from marin_assets.pipeline.training.levanter_trainer import use_platform
 
     use_platform(platform, f"harness evaluation of {checkpoint}")  # before Levanter starts JAX
-    import equinox as eqx
     import haliax as hax
     import jax
-    from levanter.checkpoint import load_checkpoint
     from levanter.compat.hf_checkpoints import load_tokenizer
     from levanter.eval_harness import _LmEvalHarnessWorker
-    from levanter.utils.jax_utils import use_cpu_device
+    from levanter.model_loading import load_hf_checkpoint, load_levanter_checkpoint
     from levanter.utils.tree_utils import inference_mode
 
-    from marin_assets.pipeline.training.levanter_model import (
-        model_config,
-        model_vocab_view,
-        write_reference_config,
-    )
+    from marin_assets.pipeline.training.levanter_model import model_config, write_reference_config
     from marin_assets.pipeline.training.levanter_trainer import trainer_config
 
     is_hf = is_hf_model(checkpoint)
@@ -125,21 +124,18 @@ def harness_model(checkpoint: str, model: ModelSpec, tokenizer_path: str, vocab_
                               tokenizer_path)
         trainer = trainer_config(TrainerSpec(num_train_steps=1, train_batch_size=batch_size), "harness", scratch,
                                  "marin.harness", require_accelerator=platform not in (None, "cpu"))
-        with trainer.use_device_mesh(), hax.axis_mapping(trainer.parameter_axis_mapping):
-            if is_hf:
-                # Levanter cuts a Hugging Face model's vocabulary to `len(tokenizer)`: a view says the model's
-                converter = config.hf_checkpoint_converter().replaced(reference_checkpoint=checkpoint,
-                                                                      tokenizer=model_vocab_view(tokenizer, vocab))
-                lm_model = converter.load_pretrained(config.model_type, ref=checkpoint,
-                                                     dtype=trainer.mp.compute_dtype)
+        with trainer.use_device_mesh():
+            if is_hf:  # its embedding keeps the folder's own rows; no hub mirror for a local folder
+                lm_model = load_hf_checkpoint(config, checkpoint, axis_mapping=trainer.parameter_axis_mapping,
+                                              tokenizer=tokenizer, compute_dtype=trainer.mp.compute_dtype,
+                                              cache_ttl_days=0)
             else:
-                with use_cpu_device():
-                    lm_model = eqx.filter_eval_shape(config.build, hax.Axis("vocab", vocab), key=jax.random.PRNGKey(0))
-                    lm_model = load_checkpoint(lm_model, checkpoint, subpath="model")
-                lm_model = hax.shard(lm_model, trainer.parameter_axis_mapping)
+                lm_model = load_levanter_checkpoint(config, checkpoint, Vocab=hax.Axis("vocab", vocab),
+                                                    axis_mapping=trainer.parameter_axis_mapping,
+                                                    key=jax.random.PRNGKey(0))
             lm_model = inference_mode(lm_model, True)
-            worker = _LmEvalHarnessWorker(trainer.TrainBatch, lm_model.Pos, lm_model, trainer.compute_axis_mapping,
-                                          tokenizer, trainer.mp, max_packed_segments=64)
+            worker = _LmEvalHarnessWorker(trainer.TrainBatch, lm_model.Pos.resize(model.seq_len), lm_model,
+                                          trainer.compute_axis_mapping, tokenizer, trainer.mp, max_packed_segments=64)
             yield lm_class()(worker)
 
 

@@ -80,6 +80,7 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
             data=data_config(tokenizer_path, caches, {k: 0.0 for k in caches} | {next(iter(caches)): 1.0},
                              vocab_size=vocab),
             model=model_config(model, reference, tokenizer_path),
+            max_eval_length=model.seq_len,  # Levanter's default is 2048 tokens: windows as training's
         )
         started = time.monotonic()
         with restored_root_logging(), JsonlMetrics(logger_name, metrics_file):

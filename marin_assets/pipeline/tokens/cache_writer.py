@@ -1,5 +1,6 @@
 """Writing a text cache: files appended, in order, into one Levanter cache with a resumable ledger, or
-tokenized one sub-cache per file and merged — the part of `tokenize` that writes arrays.
+tokenized one sub-cache per file under the split's folder and tied by a sharded ledger — the part of `tokenize`
+that writes arrays.
 
 A cache's ledger (`shard_ledger.json`) records each file's committed rows, so a crash loses at most
 one commit and a re-run continues where it stopped: finished files are skipped, the file being
@@ -9,8 +10,9 @@ written continues after its committed documents. Reading and decompressing (a th
 Empty documents — no text, or only whitespace — are dropped in every format (`text-lines` and JSON
 lines never had blank *lines* as documents; a blank `text-file` file is one dropped document): their
 `[BOS, EOS]` would teach a model nothing but "documents may be empty". Each file's count is committed
-with its rows, in the ledger's `field_counts` (`empty_documents_dropped/<shard>`), so a resumed file
-skips exactly what it read before and the count survives a crash.
+with its rows, in the ledger's `field_counts` (`empty_documents_dropped/<shard>`, beside `input_ids`, the tokens
+written), so a resumed file skips exactly what it read before and the count survives a crash. A sharded ledger
+keeps each sub-cache's counts in `field_counts_by_shard`, and their sums in `field_counts`, as Levanter checks.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from marin_assets.core.paths import join_path
 from marin_assets.execution.fanout import fan_out
 from marin_assets.pipeline.data.readers import format_of, iter_text_batches
 from marin_assets.pipeline.tokens import levanter_cache as lc
-from marin_assets.pipeline.tokens.encoders import encoder, hf_tokenizer
+from marin_assets.pipeline.tokens.array_store import s3_arrays
+from marin_assets.pipeline.tokens.encoders import encoder
 
 BATCH_CHARACTERS = 1 << 20
 """Texts are encoded in batches of about this many characters (fastokens needs large batches)."""
 EMPTY_DROPPED = "empty_documents_dropped"
 """The ledger's `field_counts` key prefix (`empty_documents_dropped/<shard>`) and the record's field name."""
+TOKENS_FIELD = "input_ids"
+"""The cache's one field; its `field_counts` entry is its data size (the tokens), as Levanter's writers keep it."""
 
 
 class CacheCounts(NamedTuple):
@@ -50,7 +55,7 @@ def is_empty(text: str) -> bool:
 def text_processor(tokenizer_path: str):
     """Levanter's processor for a tokenizer folder: the cache's exemplar and the ledger metadata Levanter
     compares when it loads the cache for training (loaded once per process and path)."""
-    return lc.batch_tokenizer(hf_tokenizer(tokenizer_path), "text")
+    return lc.batch_tokenizer(tokenizer_path, "text")
 
 
 def _dropped_in(field_counts: dict[str, int]) -> dict[str, int]:
@@ -59,9 +64,9 @@ def _dropped_in(field_counts: dict[str, int]) -> dict[str, int]:
     return {k[len(prefix):]: v for k, v in field_counts.items() if k.startswith(prefix)}
 
 
-def _commit(cache_dir: str, rows: int, shard_rows: dict, finished: list, done: bool, metadata,
+def _commit(cache_dir: str, rows: int, tokens: int, shard_rows: dict, finished: list, done: bool, metadata,
             dropped: dict[str, int] | None = None):
-    counts = {f"{EMPTY_DROPPED}/{shard}": n for shard, n in (dropped or {}).items() if n}
+    counts = {TOKENS_FIELD: tokens, **{f"{EMPTY_DROPPED}/{shard}": n for shard, n in (dropped or {}).items() if n}}
     ledger = lc.new_ledger(rows, shard_rows, finished, done, metadata, field_counts=counts)
     lc.commit_ledger(cache_dir, ledger)
     return ledger
@@ -94,9 +99,10 @@ def tokenize_file(file: str, part_dir: str, tokenizer_path: str, text_field: str
                   rows_per_commit: int = 8192, text_format: str = "auto", framing: str = "bos_eos",
                   backend: str = "tokenizers") -> CacheCounts:
     """One input file → one sub-cache with its own ledger (a fanned-out task's share); resumable."""
-    label = part_dir.rstrip("/").rsplit("/", 1)[-1]
-    return tokenize_files([file], part_dir, tokenizer_path, text_field, rows_per_commit, text_format, framing,
-                          backend, labels=[label])
+    with s3_arrays([part_dir]):
+        label = part_dir.rstrip("/").rsplit("/", 1)[-1]
+        return tokenize_files([file], part_dir, tokenizer_path, text_field, rows_per_commit, text_format, framing,
+                              backend, labels=[label])
 
 
 def _shard_name(label: str, file: str) -> str:
@@ -105,12 +111,12 @@ def _shard_name(label: str, file: str) -> str:
 
 
 def finished_counts(cache_dir: str, tokenizer_path: str) -> CacheCounts | None:
-    """Counts of a cache whose ledger is finished (a re-run after a late crash), else None."""
+    """Counts of a cache whose ledger is finished (a re-run after a late crash), else None; either layout."""
     ledger = lc.load_ledger(cache_dir)
     if ledger is None or not ledger.is_finished:
         return None
-    store = lc.open_store(text_processor(tokenizer_path).output_exemplar, cache_dir, mode="r")
-    return CacheCounts(ledger.total_num_rows, int(store.tree["input_ids"].data_size),
+    cache = lc.load_cache(cache_dir, text_processor(tokenizer_path).output_exemplar)
+    return CacheCounts(ledger.total_num_rows, cache.flat_field_length(TOKENS_FIELD),
                        sum(_dropped_in(ledger.field_counts).values()))
 
 
@@ -120,8 +126,6 @@ def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, te
     """Input files, in order, appended to one cache whose ledger records each file's committed rows (and
     empty documents dropped); resumes from its last commit (finished files are skipped, the current one
     continues). Returns the cache's counts."""
-    from levanter.store.jagged_array import PreparedBatch
-
     finished_already = finished_counts(cache_dir, tokenizer_path)
     if finished_already is not None:
         return finished_already
@@ -132,13 +136,12 @@ def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, te
                                                          strict=True)]
     ledger = lc.load_ledger(cache_dir)
     if ledger is None:
-        ledger = _commit(cache_dir, 0, {}, [], False, metadata)
+        ledger = _commit(cache_dir, 0, 0, {}, [], False, metadata)
     store = lc.open_store(processor.output_exemplar, cache_dir, mode="a")
-    if len(store) > ledger.total_num_rows:  # crashed after writing, before committing
-        lc.expose_rows(store, ledger.total_num_rows)
+    lc.drop_rows_after(store, ledger.total_num_rows)  # crashed after writing, before committing
     shard_rows, finished = dict(ledger.shard_rows), list(ledger.finished_shards)
     dropped = _dropped_in(ledger.field_counts)
-    done = {"rows": ledger.total_num_rows}
+    done = {"rows": ledger.total_num_rows, "tokens": int(store.tree[TOKENS_FIELD].data_size)}
     for file, shard in zip(files, shards, strict=True):
         if shard in finished:
             continue
@@ -148,20 +151,21 @@ def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, te
 
         def commit(shard: str = shard, before: int = before) -> None:
             shard_rows[shard] = done["rows"] - before
-            _commit(cache_dir, done["rows"], shard_rows, finished, False, metadata, dropped)
+            _commit(cache_dir, done["rows"], done["tokens"], shard_rows, finished, False, metadata, dropped)
 
-        _append_file(file, shard, store, encode, PreparedBatch, text_field, text_format, rows_per_commit, commit,
+        _append_file(file, shard, store, encode, lc.prepared_batch(), text_field, text_format, rows_per_commit, commit,
                      done, dropped, skip)
         finished.append(shard)
         commit()
-    _commit(cache_dir, done["rows"], shard_rows, finished, True, metadata, dropped)
-    return CacheCounts(done["rows"], int(store.tree["input_ids"].data_size), sum(dropped.values()))
+    _commit(cache_dir, done["rows"], done["tokens"], shard_rows, finished, True, metadata, dropped)
+    return CacheCounts(done["rows"], done["tokens"], sum(dropped.values()))
 
 
 def _append_file(file: str, shard: str, store: Any, encode: Any, prepared: Any, text_field: str, text_format: str,
                  rows_per_commit: int, commit: Any, done: dict[str, int], dropped: dict[str, int], skip: int) -> None:
     """Append one file's documents after its first `skip` to `store`, calling `commit()` every
-    `rows_per_commit` documents, when `done["rows"]` and `dropped[shard]` count exactly what was written.
+    `rows_per_commit` documents, when `done["rows"]`, `done["tokens"]` and `dropped[shard]` count exactly what
+    was written.
 
     Three stages overlap: reading and decompressing (reader thread), tokenizing (here; both Rust
     tokenizers release the GIL), writing and committing in order (writer thread).
@@ -191,15 +195,13 @@ def _append_file(file: str, shard: str, store: Any, encode: Any, prepared: Any, 
                     pending.append(batch)
                     rows += batch.num_rows
                 if rows >= rows_per_commit:
-                    store.extend_with_batch({"input_ids": prepared.concat(pending)})
-                    done["rows"] += rows
+                    _extend(store, prepared.concat(pending), done, rows)
                     dropped[shard] = dropped.get(shard, 0) + empties
                     pending, rows, empties = [], 0, 0
                     commit()
             ended = True
             if pending:
-                store.extend_with_batch({"input_ids": prepared.concat(pending)})
-                done["rows"] += rows
+                _extend(store, prepared.concat(pending), done, rows)
             dropped[shard] = dropped.get(shard, 0) + empties
         except BaseException as e:
             failure["write"] = e
@@ -225,35 +227,26 @@ def _append_file(file: str, shard: str, store: Any, encode: Any, prepared: Any, 
         raise failure.get("read") or failure["write"]
 
 
-def merge_parts(part_dirs: Sequence[str], cache_dir: str, tokenizer_path: str) -> None:
-    """Concatenate finished sub-caches, in order, into one finished cache; resumable."""
+def _extend(store: Any, batch: Any, done: dict[str, int], rows: int) -> None:
+    """Write a prepared batch of `rows` documents after the store's rows, and count them (rows and tokens)."""
+    store.extend_with_batch({TOKENS_FIELD: batch})
+    done["rows"] += rows
+    done["tokens"] += len(batch.data)
+
+
+def commit_sharded(part_names: Sequence[str], cache_dir: str, tokenizer_path: str) -> None:
+    """Tie finished sub-caches (folders under `cache_dir`, in order) into one finished cache: a sharded ledger,
+    read in place by Levanter, whose per-shard counts are each sub-cache's own. Nothing is copied, and the one
+    commit is atomic: before it the split has no finished ledger, after it every sub-cache is part of it."""
     processor = text_processor(tokenizer_path)
-    exemplar = processor.output_exemplar
-    ledger = lc.load_ledger(cache_dir)
-    if ledger is not None and ledger.is_finished:
-        return
-    if ledger is None:
-        ledger = _commit(cache_dir, 0, {}, [], False, lc.cache_metadata(processor))
-    dest = lc.open_store(exemplar, cache_dir, mode="a")
-    if len(dest) > ledger.total_num_rows:
-        lc.expose_rows(dest, ledger.total_num_rows)
-    for part in part_dirs:
-        part_ledger = lc.load_ledger(part)
+    parts = []
+    for name in part_names:
+        part_ledger = lc.load_ledger(join_path(cache_dir, name))
         if part_ledger is None or not part_ledger.is_finished:
-            raise RuntimeError(f"sub-cache {part} is not finished")
-        if all(s in ledger.finished_shards for s in part_ledger.finished_shards):
-            continue
-        rows = ledger.total_num_rows
-        offsets = {k: v.data_size for k, v in dest.tree.items()}
-        lc.append_cache(cache_dir, part, exemplar, offsets, rows)
-        lc.expose_rows(dest, rows + part_ledger.total_num_rows)
-        ledger.total_num_rows += part_ledger.total_num_rows
-        ledger.shard_rows.update(part_ledger.shard_rows)
-        ledger.finished_shards.extend(part_ledger.finished_shards)
-        ledger.field_counts.update(part_ledger.field_counts)  # per-shard keys: each part's own
-        lc.commit_ledger(cache_dir, ledger)
-    ledger.is_finished = True
-    lc.commit_ledger(cache_dir, ledger)
+            raise RuntimeError(f"sub-cache {join_path(cache_dir, name)} is not finished")
+        parts.append((name, part_ledger.total_num_rows, part_ledger.field_counts))
+    lc.commit_ledger(cache_dir, lc.sharded_ledger(cache_dir, processor.output_exemplar, parts,
+                                                  lc.cache_metadata(processor)))
 
 
 def _tokenize_part(options: dict[str, Any], file_and_part: tuple[str, str]) -> CacheCounts:
@@ -262,16 +255,18 @@ def _tokenize_part(options: dict[str, Any], file_and_part: tuple[str, str]) -> C
     return tokenize_file(file, part_dir, **options)
 
 
-def tokenize_split(files: Sequence[str], cache_dir: str, parts_dir: str, workers: int, **options: Any) -> CacheCounts:
-    """One split: straight into its cache in this process, or — with `workers > 1` — one sub-cache per
-    file across Ray tasks *and* this process (`fan_out` never waits on CPUs nobody frees), then merged."""
+def tokenize_split(files: Sequence[str], cache_dir: str, claims_dir: str, workers: int, **options: Any) -> CacheCounts:
+    """One split: straight into its cache in this process, or — with `workers > 1` — one sub-cache per file
+    (`{cache_dir}/00000`, …) across Ray tasks *and* this process (`fan_out` never waits on CPUs nobody frees;
+    its claims lie in `claims_dir`), then tied by a sharded ledger."""
     if workers <= 1 or len(files) <= 1:
         return tokenize_files(files, cache_dir, **options)
-    parts = [join_path(parts_dir, f"{i:05d}") for i in range(len(files))]
-    counts = [CacheCounts(*c) for c in fan_out(list(zip(files, parts, strict=True)),
-                                               functools.partial(_tokenize_part, options),
-                                               claim_path_of=lambda item: item[1].rstrip("/") + ".claim",
+    names = [f"{i:05d}" for i in range(len(files))]
+    items = [(file, join_path(cache_dir, name)) for file, name in zip(files, names, strict=True)]
+    claims = {part: join_path(claims_dir, f"{name}.claim") for (_, part), name in zip(items, names, strict=True)}
+    counts = [CacheCounts(*c) for c in fan_out(items, functools.partial(_tokenize_part, options),
+                                               claim_path_of=lambda item: claims[item[1]],
                                                workers=workers, name=f"tokenize {len(files)} files")]
     if sum(c.documents for c in counts):
-        merge_parts(parts, cache_dir, options["tokenizer_path"])
+        commit_sharded(names, cache_dir, options["tokenizer_path"])
     return CacheCounts(*(sum(c[i] for c in counts) for i in range(3)))

@@ -7,11 +7,12 @@ turn, at least one assistant turn) — a bad one is an error naming the file and
 rendered with the template and tokenized as `apply_chat_template` does (the same ids), with a mask that is 1
 on exactly the tokens every character of which lies inside the template's `{% generation %}` blocks
 (`render_chats`: masks from character spans, so no token carrying loss holds template text, whatever the
-tokenizer; Levanter's `ChatProcessor` keeps its checks and ledger metadata).
+tokenizer; Levanter's `ChatProcessor`, built as `ChatLmDatasetFormat` builds it, keeps its checks and ledger
+metadata).
 
 The cache holds those two arrays per conversation, with Levanter's ledger recording the template: the
 layout `ChatLmDatasetFormat` reads. `training.levanter_data.data_config` therefore reads every such cache as
-chat — `MultiturnChatDataset`, whose loss weights come from the mask — in training and evaluation alike.
+chat — Levanter's `ChatDataset`, whose loss weights come from the mask — in training and evaluation alike.
 Without a tokenizer template of its own, `DEFAULT_CHAT_TEMPLATE` renders, and its text is identity.
 """
 
@@ -30,8 +31,8 @@ from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.data.readers import DatasetError, format_of, iter_records
 from marin_assets.pipeline.data.text_files import expand_files
 from marin_assets.pipeline.tokens import levanter_cache as lc
+from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
 from marin_assets.pipeline.tokens.encoders import hf_tokenizer
-from marin_assets.pipeline.tokens.levanter_cache import refuse_unsupported_array_store
 from marin_assets.pipeline.tokens.tokenize import (
     CACHE_NOT_EMPTY,
     SplitStats,
@@ -185,13 +186,11 @@ def render_chats(tokenizer: Any, template: str, conversations: Sequence[list[dic
 
 class ChatRenderer:
     """Levanter's `ChatProcessor` (its checks, row fields and ledger metadata: what `ChatLmDatasetFormat` reads)
-    with `render_chats`' assistant masks in place of transformers' own."""
+    with `render_chats`' assistant masks in place of its own. `tokenizer`: a transformers tokenizer loaded by
+    `load_hf_tokenizer`, whose `name_or_path` is its folder (Levanter's processor loads that folder too)."""
 
     def __init__(self, tokenizer: Any, template: str) -> None:
-        from levanter.data.text import ChatProcessor
-
-        self._levanter = ChatProcessor(tokenizer, chat_template=template, messages_field=MESSAGES_FIELD,
-                                       mask_user_turns=True)
+        self._levanter = lc.chat_processor(tokenizer.name_or_path, template, MESSAGES_FIELD)
         self.tokenizer = tokenizer
         self.chat_template: str = self._levanter.chat_template
 
@@ -222,8 +221,8 @@ def chat_exemplar(tokenizer: Any, template: str) -> dict:
 
 
 def assistant_token_counts(cache_dir: str, splits: Sequence[str], exemplar: dict) -> dict[str, int]:
-    """Tokens that carry loss (assistant-mask ones) in each split of a finished chat cache."""
-    return {split: _split_counts(lc.open_store(exemplar, join_path(cache_dir, split), mode="r"))[1]
+    """Tokens that carry loss (assistant-mask ones) in each split of a finished chat cache (either layout)."""
+    return {split: _split_counts(lc.load_cache(join_path(cache_dir, split), exemplar).jagged_array_tree())[1]
             for split in splits}
 
 
@@ -246,10 +245,11 @@ def _render(processor: Any, conversations: list[list[dict[str, str]]], file: str
         raise
 
 
-def _split_counts(store: Any, chunk: int = 1 << 24) -> tuple[int, int]:
-    """(tokens, assistant tokens) of a split's store, its masks read a chunk at a time."""
-    size = int(store.tree["input_ids"].data_size)
-    masks = store.tree["assistant_masks"].data
+def _split_counts(arrays: Any, chunk: int = 1 << 24) -> tuple[int, int]:
+    """(tokens, assistant tokens) of a split's arrays (a store's `tree`, or a cache's `jagged_array_tree()`),
+    its masks read a chunk at a time."""
+    size = int(arrays["input_ids"].data_size)
+    masks = arrays["assistant_masks"].data
     return size, sum(int(masks[i:min(i + chunk, size)].read().result().sum()) for i in range(0, size, chunk))
 
 
@@ -262,13 +262,12 @@ def tokenize_chat_files(files: Sequence[str], cache_dir: str, processor: Any, te
     exemplar = processor.output_exemplar
     ledger = lc.load_ledger(cache_dir)
     if ledger is not None and ledger.is_finished:
-        return (ledger.total_num_rows, *_split_counts(lc.open_store(exemplar, cache_dir, mode="r")))
+        return (ledger.total_num_rows, *_split_counts(lc.load_cache(cache_dir, exemplar).jagged_array_tree()))
     if ledger is None:
         ledger = lc.new_ledger(0, {}, [], False, metadata)
         lc.commit_ledger(cache_dir, ledger)
     store = lc.open_store(exemplar, cache_dir, mode="a")
-    if len(store) > ledger.total_num_rows:  # crashed inside a file: drop its rows, read it again
-        lc.expose_rows(store, ledger.total_num_rows)
+    lc.drop_rows_after(store, ledger.total_num_rows)  # crashed inside a file: drop its rows, read it again
     rows, shard_rows, finished = ledger.total_num_rows, dict(ledger.shard_rows), list(ledger.finished_shards)
     for index, file in enumerate(files):
         shard = f"{index:05d}-{file.rstrip('/').rsplit('/', 1)[-1]}".replace(".", "_")
@@ -282,9 +281,9 @@ def tokenize_chat_files(files: Sequence[str], cache_dir: str, processor: Any, te
         rows += written
         shard_rows[shard] = written
         finished.append(shard)
-        lc.commit_ledger(cache_dir, lc.new_ledger(rows, shard_rows, finished, False, metadata))
-    lc.commit_ledger(cache_dir, lc.new_ledger(rows, shard_rows, finished, True, metadata))
-    return (rows, *_split_counts(store))
+        lc.commit_ledger(cache_dir, lc.new_ledger(rows, shard_rows, finished, False, metadata, lc.data_sizes(store)))
+    lc.commit_ledger(cache_dir, lc.new_ledger(rows, shard_rows, finished, True, metadata, lc.data_sizes(store)))
+    return (rows, *_split_counts(store.tree))
 
 
 def chat_tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
@@ -294,28 +293,29 @@ def chat_tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
     config folder `config` when it has several) into a Levanter chat cache — ids and assistant masks —
     rendered with `chat_template_for(tokenizer, chat_template)`."""
     refuse_unsupported_array_store(output_path, "chat_tokenize")
-    if text_format not in CHAT_FORMATS:
-        raise ValueError(f"text_format {text_format!r} is not one of {', '.join(CHAT_FORMATS)}")
-    chosen = splits_to_read(dataset_path, splits, config)
-    fingerprint = tokenizer_fingerprint(tokenizer_path)
-    check_tokenizer(output_path, tokenizer_path, fingerprint, None)
-    tokenizer = hf_tokenizer(tokenizer_path)
-    processor = _chat_processor(tokenizer, chat_template_for(tokenizer, chat_template))
-    started = time.monotonic()
-    stats: dict[str, SplitStats] = {}
-    assistant: dict[str, int] = {}
-    for split, patterns in chosen.items():
-        files = expand_files(dataset_path, patterns)
-        conversations, tokens, assistant[split] = tokenize_chat_files(files, join_path(output_path, split), processor,
-                                                                      text_format, batch_size)
-        if conversations == 0:
-            raise DatasetError(f"split {split!r} of {dataset_path} has no conversations ({len(files)} files)")
-        stats[split] = SplitStats(conversations, tokens, len(files))
-    tokens = sum(s.tokens for s in stats.values())
-    return TokenizedCache(output_path, tokenizer_path, fingerprint, largest_token_id(tokenizer) + 1, stats,
-                          round(tokens / max(time.monotonic() - started, 1e-9), 1), None, "tokenizers",
-                          "chat templates render through transformers' apply_chat_template", text_format,
-                          chat_template=processor.chat_template, assistant_tokens=assistant)
+    with s3_arrays([output_path]):
+        if text_format not in CHAT_FORMATS:
+            raise ValueError(f"text_format {text_format!r} is not one of {', '.join(CHAT_FORMATS)}")
+        chosen = splits_to_read(dataset_path, splits, config)
+        fingerprint = tokenizer_fingerprint(tokenizer_path)
+        check_tokenizer(output_path, tokenizer_path, fingerprint, None)
+        tokenizer = hf_tokenizer(tokenizer_path)
+        processor = _chat_processor(tokenizer, chat_template_for(tokenizer, chat_template))
+        started = time.monotonic()
+        stats: dict[str, SplitStats] = {}
+        assistant: dict[str, int] = {}
+        for split, patterns in chosen.items():
+            files = expand_files(dataset_path, patterns)
+            conversations, tokens, assistant[split] = tokenize_chat_files(
+                files, join_path(output_path, split), processor, text_format, batch_size)
+            if conversations == 0:
+                raise DatasetError(f"split {split!r} of {dataset_path} has no conversations ({len(files)} files)")
+            stats[split] = SplitStats(conversations, tokens, len(files))
+        tokens = sum(s.tokens for s in stats.values())
+        return TokenizedCache(output_path, tokenizer_path, fingerprint, largest_token_id(tokenizer) + 1, stats,
+                              round(tokens / max(time.monotonic() - started, 1e-9), 1), None, "tokenizers",
+                              "chat templates render through transformers' apply_chat_template", text_format,
+                              chat_template=processor.chat_template, assistant_tokens=assistant)
 
 
 def assistant_tokens_carry_loss(output_path: str, result: dict) -> CheckOutcome:

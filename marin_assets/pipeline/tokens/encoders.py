@@ -1,10 +1,9 @@
 """Texts → token ids, exactly and fast: document framing, two backends, and the parity check between them.
 
 Framing is explicit: a document is encoded *without* special tokens, then its BOS/EOS are added as
-ids. (Levanter's BatchTokenizer instead appends EOS as text, `text + " " + eos`, when a tokenizer's
-post-processor does not add it: one spurious space token per document with byte-level BPEs.) The
-framing is part of a cache's identity; `levanter` keeps Levanter's own framing for caches meant to
-be shared with existing Marin/Levanter runs.
+ids. (Levanter's BatchTokenizer instead appends EOS as text, `text + " " + eos`: one spurious space
+token per document with byte-level BPEs.) The framing is part of a cache's identity; `levanter` keeps
+Levanter's own framing for caches meant to be shared with existing Marin/Levanter runs.
 
 Two backends produce the same ids: Hugging Face `tokenizers` (the reference: the object transformers
 and Levanter use) and `fastokens` (Rust, Hugging Face parity, ids returned as one buffer with no
@@ -222,7 +221,7 @@ def encoder(tokenizer_path: str, framing: str = "bos_eos", backend: str = "token
 def _levanter_processor(tokenizer_path: str) -> Any:
     from marin_assets.pipeline.tokens import levanter_cache as lc
 
-    return lc.batch_tokenizer(hf_tokenizer(tokenizer_path), "text")
+    return lc.batch_tokenizer(tokenizer_path, "text")
 
 
 def _levanter_encode(tokenizer_path: str, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

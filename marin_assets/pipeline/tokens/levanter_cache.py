@@ -1,31 +1,25 @@
-"""The one place that touches Levanter's cache and tokenizer internals (pinned `levanter==1.2.dev1644`).
+"""The one place that touches Levanter's cache and tokenizer API (`marin-levanter==0.2.227.dev40316220070`, JAX 0.11.2).
 
-`pipeline/tokens/cache_writer.py` builds Levanter caches without Levanter's own Ray cache builder: on a small
-cluster that builder's copy tasks ask for 4 CPUs and 6 GiB and wait forever, so we write one
-sub-cache per input file, commit its ledger ourselves (`commit_ledger`: whole, atomically — a
-committed ledger is what makes a sub-cache resumable), and concatenate the finished sub-caches in
-process. Doing that needs these private Levanter names, each behind one function here and each
-pinned by a test in `tests/test_private_apis.py` (re-check them all when the pin moves):
+`pipeline/tokens/cache_writer.py` builds Levanter caches without Levanter's own builder (`build_cache` runs a
+zephyr pipeline — a coordinator actor, workers asking 32 GiB each, chunks in a temp bucket — and
+`consolidate_shard_cache_ledgers` another just to read sub-caches' ledgers). It writes arrays through `TreeStore`
+and commits ledgers itself (`commit_ledger`: whole, atomically — a committed ledger is what makes a cache
+resumable). A fanned-out split is one sub-cache per file under the split's folder, tied together by a
+`layout="sharded"` ledger (`sharded_ledger`) that `TreeCache` reads in place: nothing is copied.
 
-- `levanter.store.cache._expose_available_rows` → `expose_rows`: set a store's visible row count
-  (offsets[0]); used to drop rows written after the last commit, and to reveal appended rows.
-- `levanter.store.cache._extend_cache_with_other_cache` → `copy_cache_data`: append a finished
-  cache's token data to another cache at a data offset (the builder's data copy, without Ray).
-- `levanter.store.cache._extend_cache_metadata_with_other` → `copy_cache_offsets`: append its
-  row offsets, shifted by that data offset (the builder's metadata copy, without Ray).
+Every Levanter name used here is public: `TextLmDatasetFormat` / `ChatLmDatasetFormat` build the processors whose
+exemplar and metadata training compares (`levanter.data.text.formats`), `load_tokenizer` the tokenizer they take,
+`CacheLedger` / `CacheMetadata` / `TreeCache` the ledger and its reading, `TreeStore` and `PreparedBatch` the
+arrays (`TreeStore.trim_to_size` drops rows written after the last commit). No private Levanter name is called.
+`cache_writer.py`, `chat.py`, `encoders.py` and `pretokenized.py` reach Levanter through this module only.
+Levanter (and with it jax) is imported inside functions: importing this module stays cheap.
 
-Everything else here is public Levanter (re-exported so `cache_writer.py` imports Levanter through
-this module only). Levanter (and with it jax) is imported inside functions: importing this module
-stays cheap.
-
-The fence also keeps one limit of the pinned stack: `refuse_unsupported_array_store`, which every step
-writing Levanter arrays calls before it computes anything (s3:// arrays would land in a local folder).
+Where the arrays may go, and the S3 settings Levanter's tensorstore specs need, is `array_store.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import types
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -34,53 +28,45 @@ from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
 
 if TYPE_CHECKING:
-    from levanter.data.text import BatchTokenizer
-    from levanter.store.cache import CacheLedger, CacheMetadata
+    from levanter.store.cache import CacheLedger, CacheMetadata, TreeCache
     from levanter.store.tree_store import TreeStore
 
 LEDGER_FILE = "shard_ledger.json"
 """A cache's ledger (Levanter's `LEDGER_FILE_NAME`): its committed rows, shards and field counts."""
 
-LEVANTER_VERSION = "1.2.dev1644"
-"""The Levanter version whose internals this module was written against (pyproject.toml pins it)."""
-JAX_VERSION = "0.7.2"
+LEVANTER_VERSION = "0.2.227.dev40316220070"
+"""The `marin-levanter` version whose cache API this module was written against (pyproject.toml pins it)."""
+JAX_VERSION = "0.11.2"
 """The JAX version whose tensorstore spec builder Levanter's arrays are written through (pyproject.toml pins it)."""
-UNSUPPORTED_ARRAY_SCHEMES = ("s3",)
-"""URL schemes Levanter arrays cannot be written to under the pinned JAX: its tensorstore spec builder does not
-know `s3`, so `s3://bucket/x` becomes the *local* path `s3:/bucket/x` — the arrays land in a folder named `s3:`
-in the working directory while the step records SUCCESS. (The Levanter upgrade makes S3 whole.)"""
-
-
-class UnsupportedArrayStoreError(ValueError):
-    """Levanter arrays cannot be written where a step's output is (see `refuse_unsupported_array_store`)."""
-
-
-def refuse_unsupported_array_store(output_path: str, step_name: str) -> None:
-    """Refuse, before anything is computed or written, an output where Levanter arrays would not land.
-
-    Every step that writes Levanter arrays through tensorstore (tokenize, chat tokenize, pretokenized caches,
-    and training's checkpoints, in `training/runner.py`) calls this first with its output path and its name.
-    Today that refuses `s3://`: see `UNSUPPORTED_ARRAY_SCHEMES`.
-    """
-    scheme = output_path.split("://", 1)[0].lower() if "://" in output_path else ""
-    if scheme in UNSUPPORTED_ARRAY_SCHEMES:
-        raise UnsupportedArrayStoreError(
-            f"{step_name}: refusing to write Levanter arrays to {output_path}: the {scheme}:// scheme is not"
-            f" supported yet — tensorstore under the pinned JAX {JAX_VERSION} writes {scheme}:// arrays to a local"
-            f" folder named '{scheme}:' (while the step would report SUCCESS); use a gs:// or local prefix for"
-            " this step until the Levanter upgrade")
-
-
 # --- public Levanter ---------------------------------------------------------------------------
 
-def batch_tokenizer(hf_tokenizer: Any, text_field: str) -> BatchTokenizer:
-    """Levanter's tokenizing processor, adding BOS/EOS where the tokenizer itself does not."""
-    from levanter.data.text import BatchTokenizer
+def levanter_tokenizer(tokenizer_path: str) -> Any:
+    """Levanter's tokenizer for a tokenizer folder (`load_tokenizer`, cached per path): what its processors take,
+    named by `tokenizer_path` in their metadata as when training loads the same folder."""
+    from levanter.tokenizers import load_tokenizer
 
-    return BatchTokenizer(hf_tokenizer, text_field=text_field, enforce_bos=True, enforce_eos=True)
+    return load_tokenizer(tokenizer_path)
 
 
-def cache_metadata(processor: BatchTokenizer) -> CacheMetadata:
+def batch_tokenizer(tokenizer_path: str, text_field: str) -> Any:
+    """Levanter's text processor (`BatchTokenizer`, BOS and EOS enforced), built as training builds it for a
+    text component: `TextLmDatasetFormat.build_preprocessor`."""
+    from levanter.data.text.formats import TextLmDatasetFormat
+
+    return TextLmDatasetFormat(text_key=text_field).build_preprocessor(levanter_tokenizer(tokenizer_path),
+                                                                       enforce_bos=True, enforce_eos=True)
+
+
+def chat_processor(tokenizer_path: str, chat_template: str, messages_field: str) -> Any:
+    """Levanter's `ChatProcessor` for a template (loss on the `{% generation %}` tokens), built as training builds
+    it for a chat component: `ChatLmDatasetFormat.build_preprocessor`."""
+    from levanter.data.text.formats import ChatLmDatasetFormat
+
+    return ChatLmDatasetFormat(messages_field=messages_field, chat_template=chat_template,
+                               mask_user_turns=True).build_preprocessor(levanter_tokenizer(tokenizer_path))
+
+
+def cache_metadata(processor: Any) -> CacheMetadata:
     """The metadata a ledger records for caches built by `processor`."""
     from levanter.store.cache import CacheMetadata
 
@@ -88,14 +74,35 @@ def cache_metadata(processor: BatchTokenizer) -> CacheMetadata:
 
 
 def new_ledger(rows: int, shard_rows: dict[str, int], finished_shards: list[str], is_finished: bool,
-               metadata: CacheMetadata, field_counts: dict[str, int] | None = None) -> CacheLedger:
-    """A ledger (not yet committed); `field_counts` are counts Levanter keeps beside the rows (and adds up
-    when it merges ledgers): `cache_writer` keeps each file's dropped empty documents there."""
+               metadata: CacheMetadata, field_counts: Mapping[str, int] | None = None) -> CacheLedger:
+    """A ledger of one cache whose arrays lie in its own folder (not yet committed). `field_counts`: each field's
+    data size (as Levanter's writers record them), and counts Levanter keeps beside them: `cache_writer` keeps
+    each file's dropped empty documents there."""
     from levanter.store.cache import CacheLedger
 
     return CacheLedger(total_num_rows=rows, shard_rows=dict(shard_rows), is_finished=is_finished,
                        finished_shards=list(finished_shards), field_counts=dict(field_counts or {}),
                        metadata=metadata)
+
+
+def sharded_ledger(cache_dir: str, exemplar: dict, parts: Sequence[tuple[str, int, Mapping[str, int]]],
+                   metadata: CacheMetadata) -> CacheLedger:
+    """The finished ledger of a cache made of sub-caches in its own folder (`layout="sharded"`), read in place:
+    `parts` are (folder relative to `cache_dir`, rows, field counts), in order; the field counts must hold each
+    field's data size (`TreeCache` locates tokens by them). Checked as `TreeCache` checks it when it loads."""
+    from levanter.store.cache import CACHE_LAYOUT_SHARDED, CacheLedger, TreeCache
+
+    by_shard = {name: dict(counts) for name, _, counts in parts}
+    totals: dict[str, int] = {}
+    for counts in by_shard.values():
+        for field, n in counts.items():
+            totals[field] = totals.get(field, 0) + n
+    ledger = CacheLedger(total_num_rows=sum(rows for _, rows, _ in parts),
+                         shard_rows={name: rows for name, rows, _ in parts}, is_finished=True,
+                         finished_shards=[name for name, _, _ in parts], field_counts=totals,
+                         field_counts_by_shard=by_shard, layout=CACHE_LAYOUT_SHARDED, metadata=metadata)
+    TreeCache.load_from_ledger(cache_dir, exemplar, ledger)  # validates the sharded ledger, reads no array
+    return ledger
 
 
 def load_ledger(cache_dir: str) -> CacheLedger | None:
@@ -113,20 +120,10 @@ def load_ledger(cache_dir: str) -> CacheLedger | None:
         return CacheLedger.from_json(raw.decode())  # the commit before: rows after it are written again
 
 
-def open_store(exemplar: dict, cache_dir: str, mode: str) -> TreeStore:
-    """The cache's arrays, uncached (we write them, so cached metadata would go stale)."""
-    from levanter.store.tree_store import TreeStore
-
-    return TreeStore.open(exemplar, cache_dir, mode=mode, cache_metadata=False)
-
-
-# --- private Levanter: one function per private name -------------------------------------------
-
 def commit_ledger(cache_dir: str, ledger: CacheLedger) -> None:
     """Write `ledger` as `{cache_dir}/shard_ledger.json` whole (a local temp file renamed into place, one
     object on a store), keeping the previous ledger as `.bak` as Levanter does. Levanter's own commit
-    (`_serialize_and_commit`) truncates the file before writing it: a process killed in between left an empty
-    ledger, and the cache could never be resumed."""
+    (`_serialize_and_commit`) writes the file in place: a process killed meanwhile leaves a torn ledger."""
     fs, path = fsspec.core.url_to_fs(join_path(cache_dir, LEDGER_FILE))
     fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
     if fs.exists(path):
@@ -134,37 +131,36 @@ def commit_ledger(cache_dir: str, ledger: CacheLedger) -> None:
     atomic_write(join_path(cache_dir, LEDGER_FILE), ledger.to_json().encode())
 
 
-def expose_rows(store: TreeStore, rows: int) -> None:
-    """Make exactly `rows` rows visible: later appends overwrite what lies beyond (private:
-    `_expose_available_rows`)."""
-    from levanter.store.cache import _expose_available_rows
+def open_store(exemplar: dict, cache_dir: str, mode: str) -> TreeStore:
+    """The arrays of a cache kept in its own folder, uncached (we write them, so cached metadata would go stale)."""
+    from levanter.store.tree_store import TreeStore
 
-    _expose_available_rows(store, rows)
-
-
-def _copier(exemplar: dict) -> types.SimpleNamespace:
-    """What Levanter's copy functions read of their `processor` argument: only `output_exemplar`."""
-    return types.SimpleNamespace(output_exemplar=exemplar)
+    return TreeStore.open(exemplar, cache_dir, mode=mode, cache_metadata=False)
 
 
-def copy_cache_data(dest_dir: str, part_dir: str, exemplar: dict, offsets: dict[str, int], rows: int) -> int:
-    """Copy `part_dir`'s data arrays into `dest_dir` at `offsets` (data sizes per field); returns the
-    part's row count. Nothing becomes visible yet (private: `_extend_cache_with_other_cache`)."""
-    from levanter.store.cache import _extend_cache_with_other_cache
+def load_cache(cache_dir: str, exemplar: dict) -> TreeCache:
+    """A finished cache as training reads it (`TreeCache.load`), whatever its layout: `flat_field_length(field)`,
+    `jagged_array_tree()`, `get_batch_sync(rows)`."""
+    from levanter.store.cache import TreeCache
 
-    return asyncio.run(_extend_cache_with_other_cache(dest_dir, part_dir, _copier(exemplar), offsets, rows))
-
-
-def copy_cache_offsets(dest_dir: str, part_dir: str, exemplar: dict, offsets: dict[str, int], rows: int) -> int:
-    """Copy `part_dir`'s row offsets into `dest_dir` after row `rows`, shifted by `offsets`; returns the
-    part's row count. Nothing becomes visible yet (private: `_extend_cache_metadata_with_other`)."""
-    from levanter.store.cache import _extend_cache_metadata_with_other
-
-    return asyncio.run(_extend_cache_metadata_with_other(dest_dir, part_dir, _copier(exemplar), offsets, rows))
+    return TreeCache.load(cache_dir, exemplar)
 
 
-def append_cache(dest_dir: str, part_dir: str, exemplar: dict, offsets: dict[str, int], rows: int) -> None:
-    """Copy a finished cache after the first `rows` rows of `dest_dir` (data, then offsets); the caller
-    then exposes the new rows and commits its ledger."""
-    copy_cache_data(dest_dir, part_dir, exemplar, offsets, rows)
-    copy_cache_offsets(dest_dir, part_dir, exemplar, offsets, rows)
+def prepared_batch() -> type:
+    """Levanter's `PreparedBatch` (`data`, row `offsets`, `shapes`): rows appended to a store as one flat array,
+    with no Python object per row or token."""
+    from levanter.store.jagged_array import PreparedBatch
+
+    return PreparedBatch
+
+
+def data_sizes(store: TreeStore) -> dict[str, int]:
+    """Each field's data size (elements over all rows): the field counts Levanter's writers record."""
+    return {field: int(array.data_size) for field, array in store.tree.items()}
+
+
+def drop_rows_after(store: TreeStore, rows: int) -> None:
+    """Keep exactly the first `rows` rows (those a ledger committed): rows written after a commit by a process
+    that then died are cut off, and the next appends follow the committed ones (`TreeStore.trim_to_size`)."""
+    if len(store) > rows:
+        store.trim_to_size(rows)

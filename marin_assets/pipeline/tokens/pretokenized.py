@@ -2,7 +2,8 @@
 fsspec URL — copied and served as a tokenize step (Marin's `download_pretokenized_cache`).
 
 A cache that arrives is trusted only once checked, before its step can succeed: each split's
-ledger (`shard_ledger.json`) is finished and its shards' rows add up; the arrays agree with it
+ledger (`shard_ledger.json`) is finished and its shards' rows add up (a sharded ledger — sub-caches read in
+place — is also checked as Levanter checks it, and each sub-cache as a split is); the arrays agree with it
 (the offsets hold as many rows as the ledger, rise to the end of the data, and every chunk file
 they need is there and decodes, so a truncated file fails); every token id fits the tokenizer;
 and the cache was made with the tokenizer the step is given (its `tokenizer_fingerprint.json`,
@@ -37,9 +38,9 @@ from marin_assets.pipeline.data.download import (
     is_commit_sha,
     url_source_version,
 )
+from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
 from marin_assets.pipeline.tokens.cache_writer import EMPTY_DROPPED
 from marin_assets.pipeline.tokens.encoders import Framing
-from marin_assets.pipeline.tokens.levanter_cache import refuse_unsupported_array_store
 from marin_assets.pipeline.tokens.tokenize import (
     CACHE_NOT_EMPTY,
     FINGERPRINT_FILE,
@@ -126,30 +127,20 @@ def _read(array: Any, start: int, stop: int, where: str) -> Any:
     except Exception as e:  # noqa: BLE001 - tensorstore reports a truncated or corrupt chunk in several types
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         first = re.sub(r' in (local )?file "[^"]*"', "", first)  # the file is named already
+        first = re.sub(r"\s*\[source locations=.*", "", first)  # tensorstore's own C++ lines
         raise _problem(where, f"unreadable: truncated or corrupt ({first})") from None
 
 
-def verify_split(path: str, split: str, exemplar: dict, vocab_size: int) -> SplitStats:
-    """One split agrees with its ledger: finished, rows, offsets, whole chunk files, ids in the vocabulary."""
+def _verify_arrays(path: str, folder: str, exemplar: dict, rows: int, vocab_size: int,
+                   ledger_file: str) -> dict[str, int]:
+    """The arrays in `{path}/{folder}` hold `rows` rows (offsets rising, every chunk file there and whole) of ids
+    in the vocabulary (assistant masks 0 or 1): each field's data size."""
     from marin_assets.pipeline.tokens import levanter_cache as lc
 
-    ledger_file = join_path(path, split, LEDGER_FILE)
-    try:
-        ledger = json.loads(read_bytes(ledger_file) or b"")
-        rows, finished, shard_rows = ledger["total_num_rows"], ledger["is_finished"], ledger["shard_rows"]
-        if not isinstance(rows, int) or rows < 0 or not isinstance(shard_rows, dict):
-            raise ValueError(f"total_num_rows {rows!r}, shard_rows {type(shard_rows).__name__}")
-    except (ValueError, KeyError, TypeError) as e:
-        raise _problem(ledger_file, f"not a Levanter ledger ({type(e).__name__}: {e})") from None
-    if not finished:
-        raise _problem(ledger_file, f"the cache is not finished (is_finished is false after {rows:,} rows)")
-    if sum(shard_rows.values()) != rows:
-        raise _problem(ledger_file, f"total_num_rows is {rows:,}, but its shards' rows add up to"
-                                    f" {sum(shard_rows.values()):,}")
-    store = lc.open_store(exemplar, join_path(path, split), mode="r")
-    tokens = 0
+    store = lc.open_store(exemplar, join_path(path, folder), mode="r")
+    sizes = {}
     for field in exemplar:
-        array = f"{split}/{field}"
+        array = f"{folder}/{field}"
         offsets_files, _ = _chunk_files(path, f"{array}/offsets", rows + 1)
         _require_files(path, offsets_files, f"the offsets of {rows:,} rows")
         jagged = store.tree[field]
@@ -179,8 +170,53 @@ def verify_split(path: str, split: str, exemplar: dict, vocab_size: int) -> Spli
                         else "not a 0/1 assistant mask")
                 raise _problem(join_path(path, array, "data"), f"{'token id' if field == 'input_ids' else 'value'}"
                                                                f" {bad} at position {position:,} is {what}")
-        if field == "input_ids":
-            tokens = size
+        sizes[field] = size
+    return sizes
+
+
+def _verify_shards(path: str, split: str, ledger: dict, exemplar: dict, vocab_size: int, ledger_file: str) -> int:
+    """A sharded split (sub-caches under its folder, read in place): the ledger as Levanter checks it on load,
+    then each sub-cache's arrays against its rows and field counts. Its tokens."""
+    from marin_assets.pipeline.tokens import levanter_cache as lc
+
+    try:
+        lc.load_cache(join_path(path, split), exemplar)
+    except (ValueError, KeyError, TypeError) as e:
+        raise _problem(ledger_file, f"not a valid sharded ledger ({type(e).__name__}: {e})") from None
+    by_shard = ledger.get("field_counts_by_shard") or {}
+    for shard in ledger.get("finished_shards") or []:
+        if ".." in shard.split("/"):
+            raise _problem(ledger_file, f"sub-cache {shard!r} lies outside the split's folder")
+        rows = ledger["shard_rows"][shard]
+        if rows == 0:  # Levanter never opens an empty sub-cache
+            continue
+        sizes = _verify_arrays(path, f"{split}/{shard}", exemplar, rows, vocab_size, ledger_file)
+        for field, size in sizes.items():
+            if by_shard.get(shard, {}).get(field) != size:
+                raise _problem(ledger_file, f"sub-cache {shard!r} holds {size:,} {field} values, but its field count"
+                                            f" says {by_shard.get(shard, {}).get(field)}")
+    return int((ledger.get("field_counts") or {}).get("input_ids", 0))
+
+
+def verify_split(path: str, split: str, exemplar: dict, vocab_size: int) -> SplitStats:
+    """One split agrees with its ledger: finished, rows, offsets, whole chunk files, ids in the vocabulary."""
+    ledger_file = join_path(path, split, LEDGER_FILE)
+    try:
+        ledger = json.loads(read_bytes(ledger_file) or b"")
+        rows, finished, shard_rows = ledger["total_num_rows"], ledger["is_finished"], ledger["shard_rows"]
+        if not isinstance(rows, int) or rows < 0 or not isinstance(shard_rows, dict):
+            raise ValueError(f"total_num_rows {rows!r}, shard_rows {type(shard_rows).__name__}")
+    except (ValueError, KeyError, TypeError) as e:
+        raise _problem(ledger_file, f"not a Levanter ledger ({type(e).__name__}: {e})") from None
+    if not finished:
+        raise _problem(ledger_file, f"the cache is not finished (is_finished is false after {rows:,} rows)")
+    if sum(shard_rows.values()) != rows:
+        raise _problem(ledger_file, f"total_num_rows is {rows:,}, but its shards' rows add up to"
+                                    f" {sum(shard_rows.values()):,}")
+    if ledger.get("layout") == "sharded":
+        tokens = _verify_shards(path, split, ledger, exemplar, vocab_size, ledger_file)
+    else:
+        tokens = _verify_arrays(path, split, exemplar, rows, vocab_size, ledger_file)["input_ids"]
     counts = ledger.get("field_counts") if isinstance(ledger.get("field_counts"), dict) else {}
     empty = sum(n for k, n in counts.items() if k.startswith(EMPTY_DROPPED + "/") and isinstance(n, int))  # as made
     return SplitStats(rows, tokens, len(ledger.get("finished_shards") or shard_rows), empty)
@@ -221,7 +257,7 @@ def verify_pretokenized(path: str, tokenizer_path: str) -> tuple[dict[str, Split
     tokenizer = hf_tokenizer(tokenizer_path)
     template = chat_template_of_cache(path)
     exemplar = (chat_exemplar(tokenizer, template) if template is not None  # ids and assistant masks
-                else lc.batch_tokenizer(tokenizer, "text").output_exemplar)
+                else lc.batch_tokenizer(tokenizer_path, "text").output_exemplar)
     vocab_size = largest_token_id(tokenizer) + 1
     stats = {split: verify_split(path, split, exemplar, vocab_size) for split in splits}
     framing = Framing(**found["framing"]) if found.get("framing") else None
@@ -236,30 +272,31 @@ def download_pretokenized_cache(output_path: str, source: str, tokenizer_path: s
     from marin_assets.pipeline.tokens.tokenizer import largest_token_id
 
     refuse_unsupported_array_store(output_path, "download_pretokenized_cache")
-    # First the source's own fingerprint, so another tokenizer's cache is refused before it is copied
-    # (the copy's is checked again: a URL's files may change between the two reads).
-    if is_url(source):
-        check_fingerprint(join_path(source, FINGERPRINT_FILE), tokenizer_path)
-        _copy_url(output_path, source)
-        origin = source
-    else:
-        sha = hf_source_version(source, revision, repo_type)  # one commit for both reads
-        prefix = {"dataset": "datasets/", "space": "spaces/"}.get(repo_type, "")
-        check_fingerprint(f"hf://{prefix}{source}@{sha}/{FINGERPRINT_FILE}", tokenizer_path)
-        got = download_hf(output_path, source, sha, include=("[!.]*",), repo_type=repo_type)
-        origin = f"{got.source}@{got.revision}"
-    try:
-        splits, framing, fingerprint, template, exemplar = verify_pretokenized(output_path, tokenizer_path)
-    except (PretokenizedCacheError, TokenizerMismatchError) as e:
-        e.add_note(f"(the cache was copied from {origin})")
-        raise
-    from marin_assets.pipeline.tokens.chat import assistant_token_counts
+    with s3_arrays([output_path]):
+        # First the source's own fingerprint, so another tokenizer's cache is refused before it is copied
+        # (the copy's is checked again: a URL's files may change between the two reads).
+        if is_url(source):
+            check_fingerprint(join_path(source, FINGERPRINT_FILE), tokenizer_path)
+            _copy_url(output_path, source)
+            origin = source
+        else:
+            sha = hf_source_version(source, revision, repo_type)  # one commit for both reads
+            prefix = {"dataset": "datasets/", "space": "spaces/"}.get(repo_type, "")
+            check_fingerprint(f"hf://{prefix}{source}@{sha}/{FINGERPRINT_FILE}", tokenizer_path)
+            got = download_hf(output_path, source, sha, include=("[!.]*",), repo_type=repo_type)
+            origin = f"{got.source}@{got.revision}"
+        try:
+            splits, framing, fingerprint, template, exemplar = verify_pretokenized(output_path, tokenizer_path)
+        except (PretokenizedCacheError, TokenizerMismatchError) as e:
+            e.add_note(f"(the cache was copied from {origin})")
+            raise
+        from marin_assets.pipeline.tokens.chat import assistant_token_counts
 
-    assistant = assistant_token_counts(output_path, sorted(splits), exemplar) if template is not None else {}
-    return TokenizedCache(path=output_path, tokenizer=tokenizer_path, tokenizer_fingerprint=fingerprint,
-                          vocab_size=largest_token_id(hf_tokenizer(tokenizer_path)) + 1, splits=splits,
-                          framing=framing, backend="pretokenized", backend_reason=f"downloaded from {origin}",
-                          chat_template=template, assistant_tokens=assistant)
+        assistant = assistant_token_counts(output_path, sorted(splits), exemplar) if template is not None else {}
+        return TokenizedCache(path=output_path, tokenizer=tokenizer_path, tokenizer_fingerprint=fingerprint,
+                              vocab_size=largest_token_id(hf_tokenizer(tokenizer_path)) + 1, splits=splits,
+                              framing=framing, backend="pretokenized", backend_reason=f"downloaded from {origin}",
+                              chat_template=template, assistant_tokens=assistant)
 
 
 def pretokenized_step(name: str, source: str, tokenizer: Step, revision: str = "main",

@@ -4,12 +4,12 @@ step, its record (`TokenizedCache`, shared by chat and pretokenized caches) and 
 With one worker (the default: the Rust tokenizers already use every core of the node)
 the files are appended, in order, straight into `{output}/{split}`, whose ledger records each
 file's committed rows, so a crash loses at most one commit and a re-run continues where it
-stopped. With `workers > 1` each file becomes its own sub-cache, tokenized by Ray tasks across
-a cluster's nodes *and* by the step's own process (`execution.fanout`: it never waits on CPUs
-nobody frees), and the finished sub-caches are concatenated in this process. Levanter's own Ray
-builder is not used: on a small cluster its copy tasks ask for 4 CPUs and 6 GiB and wait forever.
-The writing — files into a cache, sub-caches merged, empty documents dropped and counted — is
-`cache_writer.py`'s.
+stopped. With `workers > 1` each file becomes its own sub-cache in the split's folder, tokenized by
+Ray tasks across a cluster's nodes *and* by the step's own process (`execution.fanout`: it never
+waits on CPUs nobody frees), and one sharded ledger ties the finished sub-caches into the split's
+cache, which Levanter reads in place (no copy). Levanter's own builder is not used: it runs a zephyr
+pipeline whose workers ask for 32 GiB each. The writing — files into a cache, sub-caches tied,
+empty documents dropped and counted — is `cache_writer.py`'s.
 
 Documents are framed with BOS/EOS *ids* (`encoders.py`), and ids never become Python ints on the
 fast path: fastokens (when it agrees with Hugging Face `tokenizers` on a sample of this input)
@@ -36,13 +36,14 @@ from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.data.text_files import DatasetError, expand_files, find_splits, iter_text_batches
+from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
 from marin_assets.pipeline.tokens.cache_writer import finished_counts, tokenize_split
 from marin_assets.pipeline.tokens.encoders import BACKENDS, FRAMINGS, Framing, choose_backend, encoder, hf_tokenizer
-from marin_assets.pipeline.tokens.levanter_cache import refuse_unsupported_array_store
 from marin_assets.pipeline.tokens.tokenizer import largest_token_id
 
 FINGERPRINT_FILE = "tokenizer_fingerprint.json"
 PARTS_DIR = ".parts"
+"""Where a fanned-out split's claims lie while its files are tokenized (`.parts/{split}/00000.claim`, …)."""
 SAMPLE_CHARACTERS = 1 << 15
 """Characters read from the start of each of the first few files to check backend parity: enough
 to meet the input's scripts, whitespace and special-token text, small enough to cost well under a
@@ -175,37 +176,38 @@ def tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
     folder `config` when it has several) into a Levanter cache, resumably, each document framed by
     `framing`'s ids. Empty documents (no text, or only whitespace) are dropped and counted per split."""
     refuse_unsupported_array_store(output_path, "tokenize")
-    chosen = splits_to_read(dataset_path, splits, config)
-    fingerprint = tokenizer_fingerprint(tokenizer_path)
-    framed = encoder(tokenizer_path, framing).framing
-    check_tokenizer(output_path, tokenizer_path, fingerprint, framed)
-    started = time.monotonic()
-    files_of = {split: expand_files(dataset_path, patterns) for split, patterns in chosen.items()}
-    all_files = [f for files in files_of.values() for f in files]
-    if framing == "levanter":
-        choice_backend, choice_reason = "tokenizers", "framing 'levanter' runs Levanter's BatchTokenizer"
-    else:
-        choice = choose_backend(tokenizer_path, _parity_sample(all_files, text_field, text_format), backend)
-        choice_backend, choice_reason = choice.backend, choice.reason
-    options = dict(tokenizer_path=tokenizer_path, text_field=text_field, rows_per_commit=rows_per_commit,
-                   text_format=text_format, framing=framing, backend=choice_backend)
-    stats: dict[str, SplitStats] = {}
-    for split, files in files_of.items():
-        counts = finished_counts(join_path(output_path, split), tokenizer_path) or tokenize_split(
-            files, join_path(output_path, split), join_path(output_path, PARTS_DIR, split), workers, **options)
-        if counts.documents == 0:
-            dropped = counts.empty_documents_dropped
-            empties = f"; {dropped} empty documents dropped" if dropped else ""
-            raise DatasetError(f"split {split!r} of {dataset_path} has no documents ({len(files)} files{empties})")
-        stats[split] = SplitStats(counts.documents, counts.tokens, len(files), counts.empty_documents_dropped)
-    fs, root = fsspec.core.url_to_fs(join_path(output_path, PARTS_DIR))
-    if fs.exists(root):
-        fs.rm(root, recursive=True)  # merged: the sub-caches would only double the disk used
-    tokens = sum(s.tokens for s in stats.values())
-    vocab = _vocab_size(tokenizer_path)
-    return TokenizedCache(output_path, tokenizer_path, fingerprint, vocab, stats,
-                          round(tokens / max(time.monotonic() - started, 1e-9), 1), framed, choice_backend,
-                          choice_reason, text_format)
+    with s3_arrays([output_path]):
+        chosen = splits_to_read(dataset_path, splits, config)
+        fingerprint = tokenizer_fingerprint(tokenizer_path)
+        framed = encoder(tokenizer_path, framing).framing
+        check_tokenizer(output_path, tokenizer_path, fingerprint, framed)
+        started = time.monotonic()
+        files_of = {split: expand_files(dataset_path, patterns) for split, patterns in chosen.items()}
+        all_files = [f for files in files_of.values() for f in files]
+        if framing == "levanter":
+            choice_backend, choice_reason = "tokenizers", "framing 'levanter' runs Levanter's BatchTokenizer"
+        else:
+            choice = choose_backend(tokenizer_path, _parity_sample(all_files, text_field, text_format), backend)
+            choice_backend, choice_reason = choice.backend, choice.reason
+        options = dict(tokenizer_path=tokenizer_path, text_field=text_field, rows_per_commit=rows_per_commit,
+                       text_format=text_format, framing=framing, backend=choice_backend)
+        stats: dict[str, SplitStats] = {}
+        for split, files in files_of.items():
+            counts = finished_counts(join_path(output_path, split), tokenizer_path) or tokenize_split(
+                files, join_path(output_path, split), join_path(output_path, PARTS_DIR, split), workers, **options)
+            if counts.documents == 0:
+                dropped = counts.empty_documents_dropped
+                empties = f"; {dropped} empty documents dropped" if dropped else ""
+                raise DatasetError(f"split {split!r} of {dataset_path} has no documents ({len(files)} files{empties})")
+            stats[split] = SplitStats(counts.documents, counts.tokens, len(files), counts.empty_documents_dropped)
+        fs, root = fsspec.core.url_to_fs(join_path(output_path, PARTS_DIR))
+        if fs.exists(root):
+            fs.rm(root, recursive=True)  # every split is finished: its fan-out's claims are spent
+        tokens = sum(s.tokens for s in stats.values())
+        vocab = _vocab_size(tokenizer_path)
+        return TokenizedCache(output_path, tokenizer_path, fingerprint, vocab, stats,
+                              round(tokens / max(time.monotonic() - started, 1e-9), 1), framed, choice_backend,
+                              choice_reason, text_format)
 
 
 def cache_not_empty(output_path: str, result: dict) -> CheckOutcome:

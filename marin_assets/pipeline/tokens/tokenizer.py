@@ -1,7 +1,7 @@
 """Tokenizers: train a byte-level BPE on a raw dataset, or adopt an existing one.
 
 Either way the output is a Hugging Face tokenizer folder (`AutoTokenizer.from_pretrained`
-and Levanter's `load_tokenizer` read it offline), so downstream steps depend on a
+and Levanter's `levanter.tokenizers.load_tokenizer` read it offline), so downstream steps depend on a
 content-addressed copy rather than on whatever a hub name means today.
 """
 
@@ -138,15 +138,18 @@ def _require_tokenizer_files(folder: str, name_or_path: str) -> None:
 
 
 def load_hf_tokenizer(path: str):
-    """The tokenizer saved at `path` (local or remote), as a transformers fast tokenizer."""
+    """The tokenizer saved at `path` (local or remote), as a transformers fast tokenizer whose `name_or_path` is
+    `path` (not the temporary copy a remote one loads from): where Levanter loads it from too."""
     from transformers import AutoTokenizer
 
     with local_copy_of(path) as local:
         _require_tokenizer_files(local, path)
         try:
-            return AutoTokenizer.from_pretrained(local)
+            tokenizer = AutoTokenizer.from_pretrained(local)
         except (OSError, ValueError, TypeError, KeyError) as e:
             raise TokenizerError(f"tokenizer at {path} does not load: {_brief(e)}") from None
+    tokenizer.name_or_path = path
+    return tokenizer
 
 
 def largest_token_id(tokenizer) -> int:

@@ -3,7 +3,7 @@ the runner into every training record (`reports/run_costs.py` tables them across
 
 FLOPs are model FLOPs as Levanter counts them for its own `throughput/*` metrics, so our numbers
 and Levanter's agree by construction (and are checked to). MFU needs a peak: a GPU's or TPU's
-comes from Levanter's datasheet table (`flop_utils.device_hardware_flops`); a CPU, or an
+comes from the datasheet table Levanter's own MFU uses (`fray.device_flops`); a CPU, or an
 accelerator the table lacks, has no published one, so its peak is the measured matmul throughput
 of the device at the run's compute dtype — and the record says so in words, so that nobody reads
 an MFU against a measured peak as one against a datasheet."""
@@ -43,7 +43,7 @@ class DevicePeak:
     flops_per_device: float
     """Peak FLOP/s of one device at the run's compute dtype."""
     basis: str
-    """`datasheet` (Levanter's table of published numbers) or `measured` (this device's matmul throughput)."""
+    """`datasheet` (fray's table of published numbers) or `measured` (this device's matmul throughput)."""
     source: str
     """The peak in words: the table entry it came from, or what was measured and that it is an assumption."""
 
@@ -56,15 +56,18 @@ def compute_dtype(mixed_precision: str) -> str:
     return np.dtype(jmp.get_policy(mixed_precision).compute_dtype).name
 
 
+FRAY_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64", "int8": "int8"}
+"""numpy dtype name → the dtype name of fray's datasheet table."""
+
+
 def datasheet_peak(device_kind: str, dtype: str = "bfloat16") -> float | None:
-    """Peak FLOP/s of one device of `device_kind` at `dtype` from Levanter's datasheet table; None when the
-    table has no entry (every CPU, and accelerators it does not list)."""
-    from types import SimpleNamespace
+    """Peak FLOP/s of one device of JAX's `device_kind` at `dtype` from fray's datasheet table (the one Levanter's
+    MFU uses); None when the table has no entry (every CPU, and accelerators it does not list)."""
+    from fray.device_flops import DEVICE_FLOPS, device_flops_for_jax_device, jax_device_kind_to_fray_device_type
 
-    import jax.numpy as jnp
-    from levanter.utils.flop_utils import device_hardware_flops
-
-    return device_hardware_flops(SimpleNamespace(device_kind=device_kind), jnp.dtype(dtype))
+    if dtype not in FRAY_DTYPES or jax_device_kind_to_fray_device_type(device_kind) not in DEVICE_FLOPS:
+        return None  # checked first: fray warns of every kind it lacks, and a CPU is always one
+    return device_flops_for_jax_device(device_kind, FRAY_DTYPES[dtype])
 
 
 def measure_matmul_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:
@@ -95,7 +98,7 @@ def _measured_peak(platform: str, kind: str, dtype: str, size: int) -> float:
 
 def device_peak(dtype: str = "float32") -> DevicePeak:
     """The devices JAX trains on now and the peak of each at `dtype`: the datasheet number for a GPU or TPU
-    that Levanter's table lists, else the measured matmul throughput of this device, said to be one."""
+    that fray's table lists, else the measured matmul throughput of this device, said to be one."""
     import jax
 
     device = jax.devices()[0]
@@ -103,11 +106,11 @@ def device_peak(dtype: str = "float32") -> DevicePeak:
     listed = datasheet_peak(kind, dtype)
     if listed is not None:
         return DevicePeak(kind, count, float(listed), "datasheet",
-                          f"datasheet: Levanter flop_utils.device_hardware_flops({kind!r}, {dtype}) ="
+                          f"datasheet: fray.device_flops.device_flops_for_jax_device({kind!r}, {FRAY_DTYPES[dtype]}) ="
                           f" {listed / 1e12:g} TFLOP/s per device (dense)")
     size = 1024 if device.platform == "cpu" else 8192
     measured = _measured_peak(device.platform, kind, dtype, size)
-    what = "CPU" if device.platform == "cpu" else f"{kind} (not in Levanter's datasheet table)"
+    what = "CPU" if device.platform == "cpu" else f"{kind} (not in fray's datasheet table)"
     return DevicePeak(kind, count, measured, "measured",
                       f"{what}: no published peak; peak = measured {dtype} matmul throughput of this host"
                       f" ({size}×{size} @ {size}×{size}, best of 5), {measured / 1e9:.1f} GFLOP/s per device"
@@ -158,10 +161,11 @@ class RunCost:
 
 
 def training_flops_per_token(model: ModelSpec, vocab_size: int) -> float:
-    """3 × Levanter's forward FLOPs per token for `model` (see `FLOPS_FORMULA`): the number its `train_lm` uses."""
+    """3 × Levanter's forward FLOPs per token for `model` over its `seq_len` context (see `FLOPS_FORMULA`): the
+    number its `train_lm` uses."""
     from marin_assets.pipeline.training.levanter_model import model_config
 
-    forward = model_config(model, reference="", tokenizer="").flops_per_token(vocab_size)
+    forward = model_config(model, reference="", tokenizer="").flops_per_token(vocab_size, model.seq_len)
     if forward is None:
         raise RunCostError(f"Levanter has no FLOP count for a {model.family} model")
     return 3.0 * float(forward)

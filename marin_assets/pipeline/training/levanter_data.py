@@ -1,5 +1,8 @@
 """The data a Levanter run reads: a mixture of our caches (constant or staged weights, token budgets),
 each read in its own format (text, or chat with assistant masks). Levanter is imported inside functions.
+
+Levanter reads the caches our tokenize step made and never builds one: each component names its cache
+folder and a source with no files, so a split the cache lacks is skipped rather than built.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ from marin_assets.pipeline.training.specs import MIXTURE_BLOCK_SIZE
 
 @functools.cache
 def _mixture_class():
-    from levanter.compat.hf_checkpoints import load_tokenizer
-    from levanter.data.text import LMMixtureDatasetConfig
+    from levanter.data.text.datasets import LmDataConfig
+    from levanter.tokenizers import load_tokenizer
 
     @dataclass(frozen=True)
-    class ModelVocabMixtureConfig(LMMixtureDatasetConfig):
-        """Levanter's mixture config whose tokenizer is a `model_vocab_view` for the model's vocabulary."""
+    class ModelVocabDataConfig(LmDataConfig):
+        """Levanter's data config whose tokenizer is a `model_vocab_view` for the model's vocabulary."""
 
         model_vocab_size: int | None = None
         """Rows of the model's embedding; None: `len(tokenizer)`, as Levanter has it."""
@@ -30,7 +33,7 @@ def _mixture_class():
             tokenizer = load_tokenizer(self.tokenizer)
             return tokenizer if self.model_vocab_size is None else model_vocab_view(tokenizer, self.model_vocab_size)
 
-    return ModelVocabMixtureConfig
+    return ModelVocabDataConfig
 
 
 def data_config(tokenizer: str, caches: dict[str, str],
@@ -44,9 +47,10 @@ def data_config(tokenizer: str, caches: dict[str, str],
     `max_train_batches`: component → train on only its first that many batches' worth of sequences;
     `block_size`: the mixing block in sequences; stage starts (step × batch size) must fall on one.
     A chat cache (`pipeline/tokens/chat.py`) is read in Levanter's chat format, whatever reads it: loss only on
-    its assistant tokens, in training and in evaluation alike.
+    its assistant tokens, in training and in evaluation alike. Sequences are read in the caches' order
+    (`shuffle=False`, Levanter's default is a block shuffle): a token budget is a component's first tokens.
     """
-    from levanter.data.text import UrlDatasetSourceConfig
+    from levanter.data.text.datasets import DatasetComponent, UrlDatasetSourceConfig
 
     train_weights: dict[str, float] | list[tuple[int, dict[str, float]]]
     if isinstance(weights, Mapping):
@@ -54,10 +58,10 @@ def data_config(tokenizer: str, caches: dict[str, str],
     else:
         stages = [(int(start), dict(w)) for start, w in weights]
         train_weights = stages[0][1] if len(stages) == 1 else stages
-    return _mixture_class()(tokenizer=tokenizer, cache_dir=None,
-                            configs={k: UrlDatasetSourceConfig(cache_dir=path, format=cache_format(path))
-                                     for k, path in caches.items()},
-                            train_weights=train_weights, model_vocab_size=vocab_size,
+    components = {k: DatasetComponent(source=UrlDatasetSourceConfig(), cache_dir=path, format=cache_format(path))
+                  for k, path in caches.items()}
+    return _mixture_class()(tokenizer=tokenizer, cache_dir=None, components=components, auto_build_caches=False,
+                            shuffle=False, train_weights=train_weights, model_vocab_size=vocab_size,
                             max_train_batches=dict(max_train_batches) if max_train_batches else None,
                             mixture_block_size=block_size)
 
@@ -65,7 +69,7 @@ def data_config(tokenizer: str, caches: dict[str, str],
 def cache_format(cache_dir: str):
     """Levanter's format for a finished cache: `ChatLmDatasetFormat` (packed conversations, loss on the tokens
     its assistant masks mark) when its ledger records a chat template, else text."""
-    from levanter.data.text import ChatLmDatasetFormat, TextLmDatasetFormat
+    from levanter.data.text.formats import ChatLmDatasetFormat, TextLmDatasetFormat
 
     from marin_assets.pipeline.tokens.chat import MESSAGES_FIELD, chat_template_of_cache
 

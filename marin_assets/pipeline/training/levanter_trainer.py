@@ -1,10 +1,10 @@
-"""Our `TrainerSpec` → Levanter's trainer config, and the sharp edges of Levanter 1.2 on an offline CPU.
+"""Our `TrainerSpec` → Levanter's trainer config, and the sharp edges of Levanter on an offline CPU.
 
 Imported only inside step functions (on Ray workers).
 - The JSON logger tracker, written to a JSONL file we parse for curves; W&B and TensorBoard beside it
-  only when a run's `Tracking` asks.
-- No accelerator required; no Ray started by Levanter; no JAX distributed on one host; the JAX platform
-  chosen before Levanter starts JAX.
+  only when a run's `Tracking` asks (Levanter's default tracker is W&B; an empty tuple is none).
+- No accelerator required (Levanter refuses a CPU by default); no JAX distributed on one host; the JAX
+  platform chosen before Levanter starts JAX.
 """
 
 from __future__ import annotations
@@ -26,21 +26,12 @@ from marin_assets.pipeline.training.tracking import Tracking
 
 JAX_BACKENDS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "gpu": "gpu", "tpu": "tpu"}
 """JAX platform name → the backend `jax.default_backend()` reports for it."""
+CUDA_PLUGIN = "jax_cuda13_plugin"
+"""The module of JAX's CUDA plugin (Levanter's gpu extra installs `jax[cuda13]`)."""
 
 
 class AcceleratorError(RuntimeError):
     """The step asked for an accelerator JAX cannot use here."""
-
-
-class _StartOnce:
-    """A tracker config whose `init` starts its tracker once: Levanter calls `init` twice per run (its global
-    tracker in `TrainerConfig.initialize`, then the `Trainer`'s), which would make W&B start a second run
-    folder and TensorBoard a second writer of the same event file."""
-
-    def init(self, run_id):
-        if getattr(self, "_marin_tracker", None) is None:
-            self._marin_tracker = super().init(run_id)
-        return self._marin_tracker
 
 
 @functools.cache
@@ -53,45 +44,39 @@ def _wandb_class():
 
     @TrackerConfig.register_subclass("wandb_local")
     @dataclass
-    class LocalDirWandbConfig(_StartOnce, WandbConfig):
-        """Levanter's W&B tracker writing its run files under `{dir}/wandb` (`dir`: W&B's `root_dir`); once started, its
-        `run_url` (None offline) and `run_dir` (the run's local folder) say where the run went."""
+    class LocalDirWandbConfig(WandbConfig):
+        """Levanter's W&B tracker writing its run files under `{dir}/wandb` (W&B's own `WANDB_DIR`, set while it
+        starts); once started, its `run_url` (None offline) and `run_dir` (the run's local folder) say where the
+        run went."""
 
         dir: str = ""
 
-        def _git_settings(self):
-            return {**super()._git_settings(), "root_dir": self.dir}
-
         def init(self, run_id):
+            import wandb
+
             os.makedirs(self.dir, exist_ok=True)
-            tracker = super().init(run_id)
-            self.run_url = None if tracker.run.offline else tracker.run.url
-            self.run_dir = os.path.dirname(tracker.run.dir)  # `.../offline-run-…-ID/files` → its run folder
+            before = os.environ.get("WANDB_DIR")
+            os.environ["WANDB_DIR"] = self.dir  # W&B fixes its run folder when the run starts
+            try:
+                tracker = super().init(run_id)
+            finally:
+                if before is None:
+                    os.environ.pop("WANDB_DIR", None)
+                else:
+                    os.environ["WANDB_DIR"] = before
+            run = wandb.run  # Levanter wraps its W&B tracker in a background one: ask W&B
+            self.run_url = None if run is None or run.offline else run.url
+            self.run_dir = None if run is None else os.path.dirname(run.dir)  # `…/offline-run-…-ID/files` → its folder
             return tracker
 
     return LocalDirWandbConfig
-
-
-@functools.cache
-def _tensorboard_class():
-    from levanter.tracker import TrackerConfig
-    from levanter.tracker.tensorboard import TensorboardConfig
-
-    if "tensorboard_once" in TrackerConfig.get_known_choices():
-        return TrackerConfig.get_choice_class("tensorboard_once")
-
-    @TrackerConfig.register_subclass("tensorboard_once")
-    @dataclass
-    class OneWriterTensorboardConfig(_StartOnce, TensorboardConfig):
-        """Levanter's TensorBoard tracker with one event-file writer per run."""
-
-    return OneWriterTensorboardConfig
 
 
 def tracker_configs(tracking: Tracking | None, run_id: str, output_dir: str, metrics_logger: str) -> list:
     """Levanter's tracker configs: the JSON logger (the source of our curves) first, then W&B (run files
     under `{output_dir}/wandb`) and TensorBoard (`{output_dir}/tensorboard/{run_id}`) as `tracking` asks."""
     from levanter.tracker.json_logger import JsonLoggerConfig
+    from levanter.tracker.tensorboard import TensorboardConfig
 
     from marin_assets.pipeline.training.tracking import TENSORBOARD_DIR
 
@@ -101,7 +86,7 @@ def tracker_configs(tracking: Tracking | None, run_id: str, output_dir: str, met
                                       tags=list(tracking.wandb_tags), id=run_id, save_code=False,
                                       dir=output_dir))  # W&B writes under `{dir}/wandb`
     if tracking is not None and tracking.tensorboard:
-        configs.append(_tensorboard_class()(logdir=os.path.join(output_dir, TENSORBOARD_DIR), flush_secs=10))
+        configs.append(TensorboardConfig(logdir=os.path.join(output_dir, TENSORBOARD_DIR), flush_secs=10))
     return configs
 
 
@@ -116,15 +101,14 @@ def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_l
     import jmp
     from levanter.callbacks.watch import WatchConfig
     from levanter.checkpoint import CheckpointerConfig
-    from levanter.distributed import DistributedConfig, RayConfig
+    from levanter.distributed import DistributedConfig
     from levanter.trainer import TrainerConfig
 
-    # Policies apply in turn: every K steps until the one before last, then every step — which
-    # leaves only the last. Levanter alone never forces a checkpoint of the final step.
+    # Every K steps until the one before last; Levanter forces a permanent checkpoint of the last step when
+    # training ends (a policy saving it too would write it twice).
     trackers = tracker_configs(tracking, run_id, output_dir, metrics_logger)
     last = trainer.num_train_steps - 1
-    keep = [dict(every=trainer.checkpoint_every, until=last - 1), dict(every=1, until=None)]
-    keep = keep if last >= 1 else [dict(every=1, until=None)]
+    keep = [dict(every=trainer.checkpoint_every, until=last - 1)] if last >= 1 else []
     return TrainerConfig(
         id=run_id, seed=trainer.seed, mp=jmp.get_policy(trainer.mixed_precision),
         tracker=trackers[0] if len(trackers) == 1 else tuple(trackers),
@@ -133,7 +117,7 @@ def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_l
         steps_per_eval=trainer.steps_per_eval, max_eval_batches=trainer.max_eval_batches,
         checkpointer=CheckpointerConfig(base_path=checkpoint_dir or os.path.join(output_dir, "checkpoints"),
                                         save_interval=timedelta(minutes=30), keep=keep),
-        require_accelerator=require_accelerator, ray=RayConfig(auto_start_cluster=False),
+        require_accelerator=require_accelerator,
         distributed=DistributedConfig(initialize_jax_distributed=False),
         watch=WatchConfig(watch_targets=[]), log_jaxprs=False, log_xla_hlo=False,
     )
@@ -167,15 +151,18 @@ def use_platform(platform: str | None, who: str) -> None:
         problem = None if found == JAX_BACKENDS[platform] else f"JAX started on {found!r}"
     except Exception as e:  # JAX raises a bare AssertionError or a RuntimeError for a backend it cannot start
         problem = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no backend'}"
-        if JAX_BACKENDS[platform] == "gpu" and importlib.util.find_spec("jax_cuda12_plugin") is None:
-            problem = "JAX's CUDA 12 plugin (jax-cuda12-plugin) is not installed"
+        if JAX_BACKENDS[platform] == "gpu" and importlib.util.find_spec(CUDA_PLUGIN) is None:
+            problem = f"JAX's CUDA 13 plugin ({CUDA_PLUGIN.replace('_', '-')}) is not installed"
     if problem is None:
         return
     jax.config.update("jax_platforms", previous)
     if cleared:
         jax_backend.clear_backends()
-    hint = ("install JAX with CUDA: pip install 'jax[cuda12]==0.7.2' (docs/gpu.md)" if JAX_BACKENDS[platform] == "gpu"
-            else "install JAX with TPU support: pip install 'jax[tpu]==0.7.2'" if platform == "tpu" else "")
+    hint = ""
+    if JAX_BACKENDS[platform] == "gpu":
+        hint = f"install JAX with CUDA: pip install 'jax[cuda13]=={jax.__version__}' (docs/gpu.md)"
+    elif platform == "tpu":
+        hint = f"install JAX with TPU support: pip install 'jax[tpu]=={jax.__version__}'"
     raise AcceleratorError(f"{who}: asked to run on {platform!r}, but JAX {jax.__version__} cannot start that"
                            f" backend here ({problem}){'; ' + hint if hint else ''}")
 

@@ -13,7 +13,6 @@ batch and that all were tokenized alike. `Resources(gpu=N)` trains on CUDA."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -97,14 +96,12 @@ class LmTraining:
     def config(self, places: RunPlaces) -> Any:
         from levanter.main import train_lm as levanter_train
 
-        from marin_assets.pipeline.training.levanter_model import export_checkpoint, model_config, optimizer_config
+        from marin_assets.pipeline.training.levanter_model import model_config, optimizer_config
         from marin_assets.pipeline.training.levanter_trainer import trainer_config
 
-        start_from: str | bool = False  # a resumed run continues from its own checkpoint
-        if self.init is not None and not places.resuming:
-            start_from = self.init.path if self.init.model is None else export_checkpoint(
-                self.init.path, os.path.join(places.scratch, "init-hf"), self.init.model, self.tokenizer_path,
-                self.vocab_size)
+        # Other weights: a Hugging Face folder, or only the model of a Levanter checkpoint (a fresh optimizer at
+        # step 0). A resumed run continues from its own checkpoint instead.
+        start = self.init if self.init is not None and not places.resuming else None
         return levanter_train.TrainLmConfig(
             data=training_data_config(self.tokenizer_path, self.caches, self.weights, self.model, self.trainer,
                                       self.budget, self.vocab_size),
@@ -113,7 +110,8 @@ class LmTraining:
                                    places.checkpoints, require_accelerator=places.platform not in (None, "cpu"),
                                    tracking=self.tracking),
             optimizer=optimizer_config(self.optimizer),
-            initialize_from_hf=start_from,
+            initialize_from_hf=start.path if start is not None and start.model is None else False,
+            initialize_model_from_checkpoint_path=None if start is None or start.model is None else start.path,
             hf_save_path=places.hf_save_path,
             hf_save_steps=10**9,  # only the forced export at the end
         )

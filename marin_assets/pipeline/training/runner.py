@@ -45,8 +45,8 @@ class RunPlaces:
     """A local folder for Levanter's logs, the JSON metrics, the trackers and the reference config: the
     output itself when it is local, a scratch folder copied back to a remote output after the attempt."""
     scratch: str
-    """A scratch folder of this attempt (removed after it): for files a method prepares, such as a
-    checkpoint converted to a Hugging Face folder to start from."""
+    """A scratch folder of this attempt (removed after it): for files a method prepares (a reference model
+    converted for it, a cache of reference log-probs)."""
     checkpoints: str
     """Where Levanter writes checkpoints (`{output}/checkpoints`; the run's are under `run_dir_of(output)`)."""
     hf_save_path: str
@@ -110,7 +110,7 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
     """Run `method` to its last step at `output_path`, resuming from the run's last checkpoint, and return
     its record: metrics copied beside the checkpoints, wall time summed over every attempt that trained,
     the trackers' places, the cost. A finished run is summarized again without training."""
-    from marin_assets.pipeline.tokens.levanter_cache import refuse_unsupported_array_store
+    from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store
     from marin_assets.pipeline.training.levanter_model import write_reference_config
     from marin_assets.pipeline.training.levanter_trainer import JsonlMetrics, restored_root_logging, use_platform
 
@@ -134,7 +134,8 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
             metrics_logger=f"marin.metrics.{run_id}", resuming=bool(done), platform=platform)
         config = method.config(places)
         started = time.monotonic()
-        ran = not done or done[-1] + 1 < trainer.num_train_steps  # Levanter refuses to re-run a finished run
+        # A finished run is not called again: Levanter would run its final hooks, rewriting the last checkpoint
+        ran = not done or done[-1] + 1 < trainer.num_train_steps
         if ran:
             with restored_root_logging(), JsonlMetrics(places.metrics_logger, metrics_file):
                 method.entry_point()(config)

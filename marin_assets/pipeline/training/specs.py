@@ -103,7 +103,9 @@ class ModelSpec:
                      ("rope_theta", "rope_theta"), ("tie_embeddings", "tie_word_embeddings")]
             found = {key: config.get(key) for _, key in pairs}
             found["num_key_value_heads"] = found["num_key_value_heads"] or found["num_attention_heads"]
-            found["rope_theta"] = found["rope_theta"] if found["rope_theta"] is not None else 10000.0
+            rope = config.get("rope_parameters") or {}  # transformers 5 (older folders: rope_theta, rope_scaling)
+            theta = found["rope_theta"] if found["rope_theta"] is not None else rope.get("rope_theta")
+            found["rope_theta"] = theta if theta is not None else 10000.0
             found["tie_word_embeddings"] = bool(found["tie_word_embeddings"])
             problems = [f"{mine}: this model {getattr(self, mine)!r}, the source {found[key]!r} ({key})"
                         for mine, key in pairs if not _same(getattr(self, mine), found[key])]
@@ -112,6 +114,8 @@ class ModelSpec:
                                 f" {head_dim} (head_dim)")
             if config.get("rope_scaling"):
                 problems.append(f"rope scaling: this model none, the source {config['rope_scaling']!r} (rope_scaling)")
+            elif rope.get("rope_type", "default") != "default":
+                problems.append(f"rope scaling: this model none, the source {rope!r} (rope_parameters)")
             if config.get("hidden_act", "silu") != "silu":
                 problems.append(f"activation: this model 'silu', the source {config['hidden_act']!r} (hidden_act)")
             return problems
