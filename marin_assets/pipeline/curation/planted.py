@@ -3,19 +3,22 @@
 The base is real English — the running Python's documentation (`python_docs`), documents of at least
 `MIN_WORDS` words, at most a few per module and none a near-duplicate of another (5-gram Jaccard
 below 0.3), so what a stage removes from the base is a false positive. Planted, deterministically
-from `seed`:
+from `seed`, each later part from its own random stream (so changing how one part is planted redraws no
+other; the base and exact duplicates are drawn as they always were), with words counted as the stages
+count them (`ngrams`) wherever a premise depends on it:
 
 - exact duplicates: some base documents copied 2–4 times;
 - near-duplicates: copies with a known number of words replaced (`NEAR_EDITS`), each a token that is one
-  word as the stages count words (`ngrams`), so an edit changes at most five word 5-grams. Whatever the
+  word, so an edit changes at most five word 5-grams. Whatever the
   Python's text, copies with 1 or 2 edits keep 5-gram Jaccard 0.8 or more (fuzzy dedup's default threshold)
   and every edit count has a copy that does (`GRAMS_PER_EDIT`); and far copies with half of their words
   replaced (not duplicates: a stage must keep them);
 - a repeated paragraph (a boilerplate line) appended to several base documents (paragraph dedup);
 - low-quality documents of named kinds (`LOW_QUALITY_KINDS`): symbol runs, repeated lines, very short,
   word salad without stop words, digits, over-long words;
-- contamination: paragraphs of two evaluation sets (one line each, from documentation *not* in the
-  corpus) inserted into documents, and near misses that share only a 10-word phrase with one.
+- contamination: paragraphs of two evaluation sets (one line each, from documentation sharing no word
+  13-gram with the corpus) inserted into documents, and near misses that share only a 10-word phrase with
+  one (fewer words than decontamination's 13-grams).
 
 Written as raw JSON lines (`train/shard-00000.jsonl.gz`, the format normalize reads; `validation/` holds
 clean held-out documents, so the corpus can be tokenized and trained on like any dataset), the evaluation
@@ -49,8 +52,8 @@ GRAMS_PER_EDIT = 45
 """e edits change at most 5e of a document's G distinct word 5-grams, so its copy keeps Jaccard at least
 (G - 5e) / (G + 5e): 0.8 when G >= 45e. Near copies are made of documents of at least 90 (2 edits' worth),
 and the first copy of each edit count of one of at least 45e."""
-_WORD = re.compile(r"[a-z0-9\u0080-\U0010ffff]+")
-"""A word as `ngrams` counts words (in lowercased text)."""
+_WORD = re.compile(r"[A-Za-z0-9\u0080-\U0010ffff]+")
+"""A word as `ngrams` counts words: a run of ASCII letters and digits or non-ASCII characters."""
 FAR_FRACTION = 0.5
 LOW_QUALITY_KINDS = ("symbols", "repeated_lines", "short", "word_salad", "digits", "long_words")
 EVAL_SETS = ("stdlib-qa", "pydoc-reference")
@@ -149,15 +152,20 @@ def _one_line_paragraphs(texts: Sequence[str], min_words: int = 25) -> list[str]
     return found
 
 
-def _distinct_grams(texts: Sequence[str], n: int = 5) -> list[int]:
-    """Distinct word n-grams of each text, words as the stages count them (`ngrams`)."""
+def _word_grams(texts: Sequence[str], n: int) -> list[set[int]]:
+    """Each text's distinct word n-grams (hashed), words as the stages count them (`ngrams`)."""
     hashes, offsets = ngram_hashes(texts, n)
-    return [len(set(hashes[offsets[i]:offsets[i + 1]].tolist())) for i in range(len(texts))]
+    return [set(hashes[offsets[i]:offsets[i + 1]].tolist()) for i in range(len(texts))]
+
+
+def _stream(seed: int, part: str) -> random.Random:
+    """The draws of one part of the corpus: changing how one part is planted leaves the others as they were."""
+    return random.Random(f"planted:{seed}:{part}")
 
 
 def _near_originals(base: Sequence[str], count: int, rng: random.Random) -> list[str]:
     """Distinct documents to copy with `NEAR_EDITS[i % 4]` edits, each long enough for `GRAMS_PER_EDIT`."""
-    grams = _distinct_grams(base)
+    grams = [len(g) for g in _word_grams(base, 5)]
     chosen: list[str] = []
     for i in range(count):
         edits = NEAR_EDITS[i % len(NEAR_EDITS)]
@@ -175,7 +183,7 @@ def _replace_words(text: str, count: int, rng: random.Random, vocabulary: Sequen
     are one word as the stages count words, so each edit replaces exactly one word."""
     words = text.split(" ")
     eligible = [i for i, w in enumerate(words)
-                if (len(_WORD.findall(w.lower())) == 1 if one_word_tokens else w.strip())]
+                if (len(_WORD.findall(w)) == 1 if one_word_tokens else w.strip())]
     positions = rng.sample(eligible, min(count, len(eligible)))
     for i in positions:
         words[i] = rng.choice(vocabulary)
@@ -204,8 +212,8 @@ def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exa
                  near_duplicates: int = 32, low_quality: int = 36, contaminated: int = 20,
                  eval_records: int = 40, labeled: int = 120, validation_documents: int = 24) -> PlantedTruth:
     """Write the planted corpus, its evaluation sets, labeled quality data and truth under `output_path`."""
-    rng = random.Random(seed)
     pool, others = _distinct_documents()
+    rng = random.Random(seed)  # the base split and the exact duplicates: drawn as in planted-v1
     rng.shuffle(pool)
     base, rest = pool[:base_documents], pool[base_documents:]
     if len(base) < base_documents or len(rest) < labeled + 2 * contaminated + 12:
@@ -218,6 +226,7 @@ def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exa
         copies = rng.randint(2, 4)
         records += [text] * (copies - 1)
         truth.exact_duplicates[document_id(text)] = copies
+    rng = _stream(seed, "near")
     originals = _near_originals(base, near_duplicates, rng)
     taken = set(originals)
     originals += rng.sample([t for t in base if t not in taken], near_duplicates // 4)
@@ -233,14 +242,17 @@ def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exa
         records.append(with_boilerplate)
         truth.repeated_paragraph_ids.append(document_id(with_boilerplate))
     carriers = rest[12:]
+    rng = _stream(seed, "junk")
     for i in range(low_quality):
         kind = LOW_QUALITY_KINDS[i % len(LOW_QUALITY_KINDS)]
         text = _low_quality(kind, rng, vocabulary)
         records.append(text)
         truth.low_quality[document_id(text)] = kind
 
-    in_corpus = {g for text in pool for g in _shingles(text, 13)}
-    paragraphs = [p for p in _one_line_paragraphs(others) if not _shingles(p, 13) & in_corpus]
+    in_corpus = set().union(*_word_grams(pool, 13))  # 13-grams as decontaminate counts them
+    candidates = _one_line_paragraphs(others)
+    paragraphs = [p for p, grams in zip(candidates, _word_grams(candidates, 13), strict=True) if not grams & in_corpus]
+    rng = _stream(seed, "contamination")
     rng.shuffle(paragraphs)
     eval_lines = {name: paragraphs[i * eval_records:(i + 1) * eval_records] for i, name in enumerate(EVAL_SETS)}
     if any(len(lines) < eval_records for lines in eval_lines.values()):
@@ -253,17 +265,20 @@ def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exa
         if i < contaminated:
             text = carrier.rstrip() + "\n" + record
             truth.contaminated.append(Contaminated(document_id(text), name, number + 1))
-        else:
-            start = rng.randrange(max(len(record.split()) - 10, 1))
-            text = carrier.rstrip() + "\nAs noted, " + " ".join(record.split()[start:start + 10]) + "."
+        else:  # ten words as the stages count them: no 13-gram of the record
+            words = list(_WORD.finditer(record))
+            start = rng.randrange(max(len(words) - 10, 1))
+            phrase = record[words[start].start():words[min(start + 10, len(words)) - 1].end()]
+            text = carrier.rstrip() + "\nAs noted, " + phrase + "."
             truth.near_misses.append(document_id(text))
         records.append(text)
     validation, positives = carriers[:validation_documents], carriers[validation_documents:][-labeled:]
     if len(positives) < labeled or len(validation) < validation_documents:
         raise ValueError(f"not enough documentation left for {labeled} labeled positives")
+    rng = _stream(seed, "labeled")
     negatives = [_low_quality(LOW_QUALITY_KINDS[i % len(LOW_QUALITY_KINDS)], rng, vocabulary) for i in range(labeled)]
 
-    rng.shuffle(records)
+    _stream(seed, "order").shuffle(records)
     write_jsonl_shards(output_path, "train", [{"text": t} for t in records], 2)
     write_jsonl_shards(output_path, "validation", [{"text": t} for t in validation], 1)
     for label, texts in (("positive", positives), ("negative", negatives)):

@@ -104,7 +104,11 @@ def copy_file(source_url: str, output_path: str, relative: str, expected: Expect
     parent, name = target.rsplit("/", 1)
     partial = f"{parent}/.{name}.{uuid.uuid4().hex[:8]}.part"
     out_fs.makedirs(parent, exist_ok=True)
-    for stale in out_fs.ls(parent, detail=False):  # left by an attempt killed mid-copy (we hold the lease)
+    try:
+        siblings = out_fs.ls(parent, detail=False)
+    except FileNotFoundError:  # an object store's "folder" with nothing in it yet
+        siblings = []
+    for stale in siblings:  # left by an attempt killed mid-copy (we hold the lease)
         stale_name = stale.rstrip("/").rsplit("/", 1)[-1]
         if stale_name.startswith(f".{name}.") and stale_name.endswith(".part"):
             out_fs.rm(stale)

@@ -32,6 +32,7 @@ from marin_assets.pipeline.evals.harness_tasks import HarnessTask, HarnessTaskEr
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.evals.levanter_harness import harness_model, single_process_bootstrap
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
+from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.training.export import _step_of
 from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.specs import ModelSpec
@@ -134,39 +135,40 @@ def evaluate_harness(output_path: str, checkpoint: str, model: ModelSpec, tokeni
     import lm_eval
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable
+    with s3_arrays([checkpoint, output_path]):
 
-    where = f"harness evaluation of {checkpoint}"
-    for task in tasks:
-        task.verify()
-    names = [t.name for t in tasks]
-    with tempfile.TemporaryDirectory(prefix="marin-harness-data-") as cache:
-        configs = [t.config(cache_dir=cache) for t in tasks]
-        started = time.monotonic()
-        with harness_model(checkpoint, model, tokenizer_path, vocab_size, batch_size, platform) as lm:
-            loaded = time.monotonic()
-            with single_process_bootstrap():
-                results = lm_eval.simple_evaluate(model=lm, tasks=configs, num_fewshot=num_fewshot, limit=limit,
-                                                  task_manager=TaskManager(include_defaults=False),
-                                                  bootstrap_iters=BOOTSTRAP_ITERS, log_samples=True)
-            truncated = dict(lm.truncated)
-        finished = time.monotonic()
-    if results is None:
-        raise HarnessEvalError(f"{where}: lm-eval returned no results (not rank 0)")
-    scores = task_scores(results, names, num_fewshot, where, truncated)
-    samples = results.pop("samples", {})
-    with open_file(join_path(output_path, RESULTS_FILE), "w") as f:
-        json.dump(results, f, indent=2, default=handle_non_serializable)
-    for name, rows in samples.items():
-        with open_file(join_path(output_path, "samples", f"{name}.jsonl"), "w") as f:
-            for row in rows:
-                f.write(json.dumps(row, default=handle_non_serializable) + "\n")
-    for task in tasks:  # the exact files scored, beside the scores
-        for relative in task.files:
-            with open(task.folder / relative, "rb") as src, \
-                    open_file(join_path(output_path, "tasks", task.name, relative.replace("../", "_up/")), "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    return HarnessResult(checkpoint, _step_of(checkpoint), num_fewshot, limit, scores,
-                         round(finished - loaded, 2), round(loaded - started, 2))
+        where = f"harness evaluation of {checkpoint}"
+        for task in tasks:
+            task.verify()
+        names = [t.name for t in tasks]
+        with tempfile.TemporaryDirectory(prefix="marin-harness-data-") as cache:
+            configs = [t.config(cache_dir=cache) for t in tasks]
+            started = time.monotonic()
+            with harness_model(checkpoint, model, tokenizer_path, vocab_size, batch_size, platform) as lm:
+                loaded = time.monotonic()
+                with single_process_bootstrap():
+                    results = lm_eval.simple_evaluate(model=lm, tasks=configs, num_fewshot=num_fewshot, limit=limit,
+                                                      task_manager=TaskManager(include_defaults=False),
+                                                      bootstrap_iters=BOOTSTRAP_ITERS, log_samples=True)
+                truncated = dict(lm.truncated)
+            finished = time.monotonic()
+        if results is None:
+            raise HarnessEvalError(f"{where}: lm-eval returned no results (not rank 0)")
+        scores = task_scores(results, names, num_fewshot, where, truncated)
+        samples = results.pop("samples", {})
+        with open_file(join_path(output_path, RESULTS_FILE), "w") as f:
+            json.dump(results, f, indent=2, default=handle_non_serializable)
+        for name, rows in samples.items():
+            with open_file(join_path(output_path, "samples", f"{name}.jsonl"), "w") as f:
+                for row in rows:
+                    f.write(json.dumps(row, default=handle_non_serializable) + "\n")
+        for task in tasks:  # the exact files scored, beside the scores
+            for relative in task.files:
+                kept = join_path(output_path, "tasks", task.name, relative.replace("../", "_up/"))
+                with open(task.folder / relative, "rb") as src, open_file(kept, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        return HarnessResult(checkpoint, _step_of(checkpoint), num_fewshot, limit, scores,
+                             round(finished - loaded, 2), round(loaded - started, 2))
 
 
 def every_task_scored(names: Sequence[str]) -> Check:

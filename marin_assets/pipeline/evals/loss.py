@@ -18,6 +18,7 @@ from marin_assets.core.record import load_result
 from marin_assets.core.step import Step
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
+from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache
 from marin_assets.pipeline.tokens.tokenizer import model_vocab_size
 from marin_assets.pipeline.training.export import _step_of, is_hf_model
@@ -48,57 +49,58 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
     `platform`: the JAX platform to run on (`cuda`; None: JAX's choice under `JAX_PLATFORMS`).
     """
     import json
+    with s3_arrays([checkpoint, output_path, *caches.values()]):
 
-    from marin_assets.pipeline.training.levanter_trainer import use_platform
+        from marin_assets.pipeline.training.levanter_trainer import use_platform
 
-    use_platform(platform, f"evaluation at {output_path}")  # before Levanter starts JAX
-    from levanter.main import eval_lm
+        use_platform(platform, f"evaluation at {output_path}")  # before Levanter starts JAX
+        from levanter.main import eval_lm
 
-    from marin_assets.pipeline.training.levanter_data import data_config
-    from marin_assets.pipeline.training.levanter_model import model_config, write_reference_config
-    from marin_assets.pipeline.training.levanter_trainer import (
-        JsonlMetrics,
-        read_metrics,
-        restored_root_logging,
-        trainer_config,
-    )
-
-    is_hf = is_hf_model(checkpoint)
-    run_id = f"eval-{output_path.rstrip('/').rsplit('/', 1)[-1]}"
-    vocab = vocab_size or model_vocab_size(tokenizer_path, model.vocab_multiple)
-    logger_name = f"marin.metrics.{run_id}"
-    with tempfile.TemporaryDirectory(prefix="marin-eval-") as scratch:
-        # Levanter's logs, the metrics and the reference config are local; the results are
-        # written to the output (local or a URL) at the end. A retry measures from scratch.
-        reference = write_reference_config(model, vocab, os.path.join(scratch, "reference"))
-        metrics_file = os.path.join(scratch, "metrics.jsonl")
-        spec = TrainerSpec(num_train_steps=1, train_batch_size=batch_size, max_eval_batches=max_eval_batches)
-        config = eval_lm.EvalLmConfig(
-            checkpoint_path=None if is_hf else checkpoint, hf_checkpoint=checkpoint if is_hf else None,
-            trainer=trainer_config(spec, run_id, scratch, logger_name,
-                                   require_accelerator=platform not in (None, "cpu")),
-            data=data_config(tokenizer_path, caches, {k: 0.0 for k in caches} | {next(iter(caches)): 1.0},
-                             vocab_size=vocab),
-            model=model_config(model, reference, tokenizer_path),
-            max_eval_length=model.seq_len,  # Levanter's default is 2048 tokens: windows as training's
+        from marin_assets.pipeline.training.levanter_data import data_config
+        from marin_assets.pipeline.training.levanter_model import model_config, write_reference_config
+        from marin_assets.pipeline.training.levanter_trainer import (
+            JsonlMetrics,
+            read_metrics,
+            restored_root_logging,
+            trainer_config,
         )
-        started = time.monotonic()
-        with restored_root_logging(), JsonlMetrics(logger_name, metrics_file):
-            eval_lm.main(config)
-        logged: dict = {}
-        for values in read_metrics(metrics_file).values():
-            logged.update(values)
-        if "eval/loss" not in logged:
-            raise RuntimeError(f"evaluation of {checkpoint} logged no eval/loss")
-        per_dataset = {name: {"loss": logged[f"eval/{name}/loss"], "bpb": logged.get(f"eval/{name}/bpb")}
-                       for name in caches if f"eval/{name}/loss" in logged}
-        result = EvalResult(checkpoint, _step_of(checkpoint), logged["eval/loss"], logged.get("eval/bpb"),
-                            per_dataset, round(time.monotonic() - started, 2))
-        with open_file(join_path(output_path, "metrics.jsonl"), "wb") as out, open(metrics_file, "rb") as src:
-            out.write(src.read())
-    with open_file(join_path(output_path, "results.json"), "w") as f:
-        json.dump(result.__dict__, f, indent=2)
-    return result
+
+        is_hf = is_hf_model(checkpoint)
+        run_id = f"eval-{output_path.rstrip('/').rsplit('/', 1)[-1]}"
+        vocab = vocab_size or model_vocab_size(tokenizer_path, model.vocab_multiple)
+        logger_name = f"marin.metrics.{run_id}"
+        with tempfile.TemporaryDirectory(prefix="marin-eval-") as scratch:
+            # Levanter's logs, the metrics and the reference config are local; the results are
+            # written to the output (local or a URL) at the end. A retry measures from scratch.
+            reference = write_reference_config(model, vocab, os.path.join(scratch, "reference"))
+            metrics_file = os.path.join(scratch, "metrics.jsonl")
+            spec = TrainerSpec(num_train_steps=1, train_batch_size=batch_size, max_eval_batches=max_eval_batches)
+            config = eval_lm.EvalLmConfig(
+                checkpoint_path=None if is_hf else checkpoint, hf_checkpoint=checkpoint if is_hf else None,
+                trainer=trainer_config(spec, run_id, scratch, logger_name,
+                                       require_accelerator=platform not in (None, "cpu")),
+                data=data_config(tokenizer_path, caches, {k: 0.0 for k in caches} | {next(iter(caches)): 1.0},
+                                 vocab_size=vocab),
+                model=model_config(model, reference, tokenizer_path),
+                max_eval_length=model.seq_len,  # Levanter's default is 2048 tokens: windows as training's
+            )
+            started = time.monotonic()
+            with restored_root_logging(), JsonlMetrics(logger_name, metrics_file):
+                eval_lm.main(config)
+            logged: dict = {}
+            for values in read_metrics(metrics_file).values():
+                logged.update(values)
+            if "eval/loss" not in logged:
+                raise RuntimeError(f"evaluation of {checkpoint} logged no eval/loss")
+            per_dataset = {name: {"loss": logged[f"eval/{name}/loss"], "bpb": logged.get(f"eval/{name}/bpb")}
+                           for name in caches if f"eval/{name}/loss" in logged}
+            result = EvalResult(checkpoint, _step_of(checkpoint), logged["eval/loss"], logged.get("eval/bpb"),
+                                per_dataset, round(time.monotonic() - started, 2))
+            with open_file(join_path(output_path, "metrics.jsonl"), "wb") as out, open(metrics_file, "rb") as src:
+                out.write(src.read())
+        with open_file(join_path(output_path, "results.json"), "w") as f:
+            json.dump(result.__dict__, f, indent=2)
+        return result
 
 
 def every_set_evaluated(names: list[str]) -> Check:

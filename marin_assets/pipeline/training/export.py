@@ -11,6 +11,7 @@ import fsspec
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.step import Step, made_by
+from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.tokens.tokenizer import model_vocab_size
 from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import ModelSpec
@@ -37,12 +38,13 @@ def export_hf(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_pat
     `vocab_size`: rows of the model's embedding (None: the tokenizer's largest id + 1, rounded up to
     `model.vocab_multiple`, as a fresh training run sizes it)."""
     from marin_assets.pipeline.training.levanter_model import export_checkpoint
+    with s3_arrays([checkpoint, output_path]):
 
-    if not _exists(join_path(checkpoint, "metadata.json")):
-        raise FileNotFoundError(f"no complete checkpoint at {checkpoint}")
-    export_checkpoint(checkpoint, output_path, model, tokenizer_path,
-                      vocab_size or model_vocab_size(tokenizer_path, model.vocab_multiple))
-    return ExportResult(output_path, checkpoint, _step_of(checkpoint) or 0)
+        if not _exists(join_path(checkpoint, "metadata.json")):
+            raise FileNotFoundError(f"no complete checkpoint at {checkpoint}")
+        export_checkpoint(checkpoint, output_path, model, tokenizer_path,
+                          vocab_size or model_vocab_size(tokenizer_path, model.vocab_multiple))
+        return ExportResult(output_path, checkpoint, _step_of(checkpoint) or 0)
 
 
 def is_hf_model(checkpoint: str) -> bool:

@@ -59,10 +59,6 @@ class ModelVocabTokenizer:
     def __len__(self) -> int:
         return self._size
 
-    @property
-    def vocab_size(self) -> int:
-        return self._size
-
     def get_vocab(self) -> dict[str, int]:
         return dict(self._vocab)
 
@@ -88,6 +84,7 @@ class ModelVocabTokenizer:
 
     # the tokenizer's own
     name_or_path = _own("name_or_path")
+    vocab_size = _own("vocab_size")  # the tokenizer's: what a cache's metadata records
     bos_token_id = _own("bos_token_id")
     eos_token_id = _own("eos_token_id")
     pad_token_id = _own("pad_token_id")
@@ -119,7 +116,7 @@ def model_vocab_view(tokenizer: Any, vocab_size: int) -> ModelVocabTokenizer:
     """The tokenizer as Levanter must see it for a model with `vocab_size` embedding rows.
 
     `tokenizer`: Levanter's (`levanter.tokenizers.load_tokenizer`). The view differs from it in three ways:
-    - `len()` (and `vocab_size`) is `vocab_size`: Levanter sizes the model's Vocab axis with `len(tokenizer)`;
+    - `len()` is `vocab_size`: Levanter sizes the model's Vocab axis with `len(tokenizer)`;
     - `get_vocab()` (and `convert_ids_to_tokens`) also names every id below `vocab_size` that has no token
       (cl100k's 100256, the rows a rounded-up vocabulary adds) as `<|marin:no-token-ID|>`, so Levanter's
       bits-per-byte table (`range(len(tokenizer.get_vocab()))`) covers every id the model can predict;

@@ -96,6 +96,12 @@ class TrainingMethod(Protocol):
         """The tokenizer folder of the run's data."""
         ...
 
+    @property
+    def caches(self) -> dict[str, str]:
+        """The Levanter caches the run reads, {name: path} (an `s3://` one needs the S3 settings the runner
+        hands to Levanter)."""
+        ...
+
     def entry_point(self) -> Callable[[Any], Any]:
         """The Levanter `main` to call with the config (imported here: only where the run runs)."""
         ...
@@ -110,7 +116,7 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
     """Run `method` to its last step at `output_path`, resuming from the run's last checkpoint, and return
     its record: metrics copied beside the checkpoints, wall time summed over every attempt that trained,
     the trackers' places, the cost. A finished run is summarized again without training."""
-    from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store
+    from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
     from marin_assets.pipeline.training.levanter_model import write_reference_config
     from marin_assets.pipeline.training.levanter_trainer import JsonlMetrics, restored_root_logging, use_platform
 
@@ -121,7 +127,8 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
         output_path = os.path.abspath(output_path)  # Levanter cannot delete temporary checkpoints under relative paths
     run_id = output_path.rstrip("/").rsplit("/", 1)[-1]
     trainer = method.trainer
-    with tempfile.TemporaryDirectory(prefix="marin-train-") as scratch:
+    arrays = s3_arrays([output_path, *method.caches.values()])  # checkpoints written, caches read
+    with arrays, tempfile.TemporaryDirectory(prefix="marin-train-") as scratch:
         local = scratch if remote else output_path
         metrics_file = os.path.join(local, METRICS_FILE)
         if remote:
