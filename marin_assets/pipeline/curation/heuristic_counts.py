@@ -7,9 +7,10 @@
 - the n-gram repetition rules read `ngrams.word_hashes` words (runs of letters and digits, lowercased);
   their character fractions are the characters of those words over all the document's characters, as
   datatrove (which FineWeb used) divides by the text's length: dividing by the words' characters alone
-  (RedPajama-V2's denominator) made documentation with code, tables and indentation look twice as
-  repetitive as prose (6.5% of the documentation of 80+ words failed the 5-gram rule, 3.2% this way);
-  an n-gram repeats only within its document.
+  (RedPajama-V2's denominator, whose numerator also counts first occurrences) made documentation with
+  code, tables and indentation look more repetitive than prose (on CPython 3.12.1's documentation of 80+
+  words the 5-gram rule failed 6.5% of documents that way, 3.2% this way); an n-gram repeats only within
+  its document.
 
 Documents are measured in batches, in numpy over one byte buffer (tokens, lines, character classes; the
 n-gram repeats sort each n-gram length once, only where the shorter n-gram repeats); only duplicate lines

@@ -9,10 +9,10 @@ count them (`ngrams`) wherever a premise depends on it:
 
 - exact duplicates: some base documents copied 2–4 times;
 - near-duplicates: copies with a known number of words replaced (`NEAR_EDITS`), each a token that is one
-  word, so an edit changes at most five word 5-grams. Whatever the
-  Python's text, copies with 1 or 2 edits keep 5-gram Jaccard 0.8 or more (fuzzy dedup's default threshold)
-  and every edit count has a copy that does (`GRAMS_PER_EDIT`); and far copies with half of their words
-  replaced (not duplicates: a stage must keep them);
+  word, so an edit changes at most five word 5-grams: whatever the Python's text, copies with 1 or 2 edits
+  keep 5-gram Jaccard 0.8 or more (fuzzy dedup's default threshold) and every edit count has a copy that
+  does (`GRAMS_PER_EDIT`); and far copies with half of their words replaced (not duplicates: a stage must
+  keep them);
 - a repeated paragraph (a boilerplate line) appended to several base documents (paragraph dedup);
 - low-quality documents of named kinds (`LOW_QUALITY_KINDS`): symbol runs, repeated lines, very short,
   word salad without stop words, digits, over-long words;
