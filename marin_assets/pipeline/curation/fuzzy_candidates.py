@@ -51,8 +51,8 @@ def band_hashes(texts: Sequence[str], ngram: int, num_perm: int, bands: int, see
     bounds = np.append(offsets[present], offsets[-1]).astype(np.uint64)
     matrix = rensa.RMinHash.digest_matrix_from_flat_token_hashes(hashes, bounds, num_perm, seed)
     rows = matrix.to_rows()
-    digests = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.uint64, count=len(rows) * num_perm)
-    digests = digests.reshape(len(present), bands, num_perm // bands)
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.uint64, count=len(rows) * num_perm)
+    digests = flat.reshape(len(present), bands, num_perm // bands)
     combined = np.zeros((len(present), bands), dtype=np.uint64)
     with np.errstate(over="ignore"):
         for k in range(digests.shape[2]):

@@ -266,9 +266,9 @@ def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exa
             text = carrier.rstrip() + "\n" + record
             truth.contaminated.append(Contaminated(document_id(text), name, number + 1))
         else:  # ten words as the stages count them: no 13-gram of the record
-            words = list(_WORD.finditer(record))
-            start = rng.randrange(max(len(words) - 10, 1))
-            phrase = record[words[start].start():words[min(start + 10, len(words)) - 1].end()]
+            spans = list(_WORD.finditer(record))
+            start = rng.randrange(max(len(spans) - 10, 1))
+            phrase = record[spans[start].start():spans[min(start + 10, len(spans)) - 1].end()]
             text = carrier.rstrip() + "\nAs noted, " + phrase + "."
             truth.near_misses.append(document_id(text))
         records.append(text)
