@@ -61,7 +61,7 @@ CASES = {
     "unreachable_url": Case("an unreachable URL", r"http://127\.0\.0\.1:9/data\.jsonl: unreachable"),
     "missing_path": Case("a local path that does not exist", r"no-such-folder: not found"),
     "broken_tokenizer": Case("a tokenizer folder that does not load",
-                             r"tokenizer '.*broken-tokenizer' does not load: Unrecognized model"),
+                             r"tokenizer '.*broken-tokenizer' does not load: its files lack the key 'added_tokens'"),
     "empty_tokenizer": Case("a tokenizer folder with no tokenizer files",
                             r"tokenizer '.*empty-tokenizer' does not load: the folder holds no tokenizer files"
                             r" \(tokenizer\.json, tokenizer_config\.json, vocab\.json, …; it contains: nothing\)"),

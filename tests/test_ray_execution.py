@@ -218,3 +218,28 @@ def test_a_function_the_worker_cannot_import_gets_a_clear_error(prefix, local_ra
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("only_here", None)
+
+
+def import_levanter(output_path):
+    """Import Levanter's training entry point; report whether this worker had already paid for it."""
+    import sys
+
+    already = "levanter.main.train_lm" in sys.modules
+    start = time.perf_counter()
+    import levanter.main.train_lm  # noqa: F401
+
+    return {"pid": os.getpid(), "already": already, "seconds": time.perf_counter() - start}
+
+
+def test_a_worker_pays_levanters_import_once_not_per_step(prefix, local_ray):
+    """Workers are reused across steps (no `max_calls`, one runtime environment per job): three Levanter steps
+    in a row on two CPUs import Levanter at most once per worker, and a later step finds it imported."""
+    results = [materialize_step(Step(name=f"ray/levanter-{i}", fn=import_levanter), settings=FAST,
+                                run_fn=ray_fn()).record.result for i in range(3)]
+    pids = [r["pid"] for r in results]
+    assert len(set(pids)) < len(pids), f"every step ran in a fresh worker: {pids}"
+    first_of = {}
+    for r in results:
+        first_of.setdefault(r["pid"], r)
+    assert all(r["already"] for r in results if first_of[r["pid"]] is not r), results
+    print(f"\nLevanter import per worker: {[round(r['seconds'], 2) for r in results]} s ({pids})")

@@ -31,6 +31,7 @@ class UnsupportedArrayStoreError(ValueError):
 
 
 def scheme_of(path: str) -> str:
+    """A path's URL scheme, lower case; "" for a local path."""
     return path.split("://", 1)[0].lower() if "://" in path else ""
 
 

@@ -169,8 +169,11 @@ def model_vocab_size(tokenizer_path: str, multiple: int = 1) -> int:
 
 
 def _brief(error: Exception, limit: int = 200) -> str:
-    """The first line of an error, cut short: transformers lists every model type it knows."""
+    """The first line of an error, cut short: transformers lists every model type it knows. A KeyError says
+    only the key (transformers 5 reads a malformed tokenizer.json until a key is missing)."""
     text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if isinstance(error, KeyError):
+        text = f"its files lack the key {text}"
     return text if len(text) <= limit else text[:limit] + "…"
 
 
