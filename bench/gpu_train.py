@@ -34,47 +34,8 @@ SIZES = {
 }
 BATCH = {"tiny": 16, "small": 32}
 
-OURS = """
-import json, sys
-spec = json.loads(sys.argv[1])
-from marin_assets.core.lease import LeaseSettings
-from marin_assets.core.materialize import materialize_step
-from marin_assets.core.step import Step
-from marin_assets.pipeline.training.pretrain import train_lm
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
-model, trainer = ModelSpec(**spec["model"]), TrainerSpec(**spec["trainer"])
-step = Step(name=spec["name"], fn=lambda out: train_lm(out, spec["tokenizer"], {"docs": spec["cache"]},
-                                                        {"docs": 1.0}, model, OptimizerSpec(), trainer,
-                                                        platform=spec["platform"]))
-outcome = materialize_step(step, prefix=spec["prefix"],
-                           settings=LeaseSettings(heartbeat_interval=10, stale_timeout=60, poll_interval=1))
-print(json.dumps({"output": outcome.output_path}))
-"""
-
-BARE = """
-import json, os, sys, tempfile
-spec = json.loads(sys.argv[1])
-from marin_assets.pipeline.training.levanter_model import write_reference_config
-from marin_assets.pipeline.training.pretrain import LmTraining
-from marin_assets.pipeline.training.runner import RunPlaces
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
-from levanter.main import train_lm
-model, trainer = ModelSpec(**spec["model"]), TrainerSpec(**spec["trainer"])
-out = os.path.abspath(spec["out"])
-run_id = os.path.basename(out)
-with tempfile.TemporaryDirectory() as scratch:
-    places = RunPlaces(output_path=out, run_id=run_id, local_dir=out, scratch=scratch,
-                       checkpoints=os.path.join(out, "checkpoints"), hf_save_path=os.path.join(out, "hf"),
-                       reference=write_reference_config(model, spec["vocab"], os.path.join(out, "reference")),
-                       metrics_logger=f"marin.metrics.{run_id}", resuming=False, platform=spec["platform"])
-    method = LmTraining(spec["tokenizer"], {"docs": spec["cache"]}, {"docs": 1.0}, model, OptimizerSpec(),
-                        trainer, spec["vocab"])
-    train_lm.main(method.config(places))
-print(json.dumps({"output": out}))
-"""
-
-
 def fresh(script: str, spec: dict, cwd: str) -> tuple[float, str]:
+    """Wall seconds of a fresh interpreter running one side's script on the spec's platform, and its output."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "JAX_PLATFORMS": spec["platform"]}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
@@ -91,12 +52,14 @@ def steady_tokens_per_second(output: str) -> float | None:
     path = Path(output) / "metrics.jsonl"
     if not path.exists():
         return None
-    rates = [row["throughput/tokens_per_second"] for row in map(json.loads, path.read_text().splitlines())
-             if "throughput/tokens_per_second" in row]
+    rows = (json.loads(line) for line in path.read_text().splitlines())
+    rates = [row["metrics"]["throughput/tokens_per_second"] for row in rows
+             if row.get("event") == "log" and "throughput/tokens_per_second" in row.get("metrics", {})]
     return statistics.median(rates[len(rates) // 2:]) if rates else None
 
 
 def main() -> None:
+    from bench.pipeline_throughput import BARE_TRAIN_SCRIPT, OURS_TRAIN_SCRIPT
     from marin_assets.pipeline.data.corpus import generate_corpus
     from marin_assets.pipeline.tokens.tokenize import tokenize
     from marin_assets.pipeline.tokens.tokenizer import model_vocab_size, train_tokenizer
@@ -128,10 +91,10 @@ def main() -> None:
             for kind in (("ours", "bare") if rep % 2 == 0 else ("bare", "ours")):
                 if kind == "ours":
                     spec = {**common, "name": f"bench/gpu-train-{rep}", "prefix": os.path.join(tmp, "ours")}
-                    seconds, output = fresh(OURS, spec, tmp)
+                    seconds, output = fresh(OURS_TRAIN_SCRIPT, spec, tmp)
                 else:
                     spec = {**common, "out": os.path.join(tmp, f"bare-{rep}"), "vocab": vocab}
-                    seconds, output = fresh(BARE, spec, tmp)
+                    seconds, output = fresh(BARE_TRAIN_SCRIPT, spec, tmp)
                 results[kind].append({"wall_s": seconds, "wall_tokens_per_s": tokens / seconds,
                                       "steady_tokens_per_s": steady_tokens_per_second(output)})
                 print(kind, rep, results[kind][-1], flush=True)

@@ -169,17 +169,20 @@ from marin_assets.pipeline.training.pretrain import train_lm
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 model, trainer = ModelSpec(**spec["model"]), TrainerSpec(**spec["trainer"])
 step = Step(name=spec["name"], fn=lambda out: train_lm(out, spec["tokenizer"], {"stories": spec["cache"]},
-                                                        {"stories": 1.0}, model, OptimizerSpec(), trainer))
+                                                        {"stories": 1.0}, model, OptimizerSpec(), trainer,
+                                                        platform=spec.get("platform")))
 outcome = materialize_step(step, prefix=spec["prefix"],
                            settings=LeaseSettings(heartbeat_interval=10, stale_timeout=60, poll_interval=1))
-print(json.dumps({"steps": outcome.record.result["steps"], "cached": outcome.cached}))
+print(json.dumps({"steps": outcome.record.result["steps"], "cached": outcome.cached, "output": outcome.output_path}))
 """
-"""Ours: the train step through the lease protocol, its function run in this process."""
+"""Ours: the train step through the lease protocol, its function run in this process (on `spec["platform"]`:
+None is JAX's choice; bench/gpu_train.py passes `cuda`)."""
 
 BARE_TRAIN_SCRIPT = """
 import json, os, sys, tempfile
 spec = json.loads(sys.argv[1])
 from marin_assets.pipeline.training.levanter_model import write_reference_config
+from marin_assets.pipeline.training.levanter_trainer import JsonlMetrics
 from marin_assets.pipeline.training.pretrain import LmTraining
 from marin_assets.pipeline.training.runner import RunPlaces
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
@@ -191,11 +194,12 @@ with tempfile.TemporaryDirectory() as scratch:
     places = RunPlaces(output_path=out, run_id=run_id, local_dir=out, scratch=scratch,
                        checkpoints=os.path.join(out, "checkpoints"), hf_save_path=os.path.join(out, "hf"),
                        reference=write_reference_config(model, spec["vocab"], os.path.join(out, "reference")),
-                       metrics_logger=f"marin.metrics.{run_id}", resuming=False, platform=None)
+                       metrics_logger=f"marin.metrics.{run_id}", resuming=False, platform=spec.get("platform"))
     method = LmTraining(spec["tokenizer"], {"stories": spec["cache"]}, {"stories": 1.0}, model, OptimizerSpec(),
                         trainer, spec["vocab"])
-    train_lm.main(method.config(places))
-print(json.dumps({"steps": trainer.num_train_steps}))
+    with JsonlMetrics(places.metrics_logger, os.path.join(out, "metrics.jsonl")):  # as the runner keeps them
+        train_lm.main(method.config(places))
+print(json.dumps({"steps": trainer.num_train_steps, "output": out}))
 """
 """Bare Levanter: `levanter.main.train_lm.main` on the config our step builds for the same run (the same
 builder, `LmTraining.config`, so the two configs are identical), nothing else."""
