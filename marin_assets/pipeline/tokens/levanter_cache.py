@@ -7,11 +7,13 @@ and commits ledgers itself (`commit_ledger`: whole, atomically — a committed l
 resumable). A fanned-out split is one sub-cache per file under the split's folder, tied together by a
 `layout="sharded"` ledger (`sharded_ledger`) that `TreeCache` reads in place: nothing is copied.
 
-Every Levanter name used here is public: `TextLmDatasetFormat` / `ChatLmDatasetFormat` build the processors whose
-exemplar and metadata training compares (`levanter.data.text.formats`), `load_tokenizer` the tokenizer they take,
-`CacheLedger` / `CacheMetadata` / `TreeCache` the ledger and its reading, `TreeStore` and `PreparedBatch` the
-arrays (`TreeStore.trim_to_size` drops rows written after the last commit). No private Levanter name is called.
-`cache_writer.py`, `chat.py`, `encoders.py` and `pretokenized.py` reach Levanter through this module only.
+Every Levanter name used here is public: `TextLmDatasetFormat` / `ChatLmDatasetFormat` (`levanter.data.text.formats`)
+and `PreferenceChatLmDatasetFormat` (`levanter.data.text.preference`) build the processors whose exemplar and
+metadata training compares, `load_tokenizer` the tokenizer they take, `CacheLedger` / `CacheMetadata` /
+`TreeCache` the ledger and its reading, `TreeStore` and `PreparedBatch` the arrays (`TreeStore.trim_to_size`
+drops rows written after the last commit). No private Levanter name is called.
+`cache_writer.py`, `chat.py`, `encoders.py`, `preference.py` and `pretokenized.py` reach Levanter through this
+module only.
 Levanter (and with it jax) is imported inside functions: importing this module stays cheap.
 
 Where the arrays may go, and the S3 settings Levanter's tensorstore specs need, is `array_store.py`.
@@ -164,3 +166,12 @@ def drop_rows_after(store: TreeStore, rows: int) -> None:
     that then died are cut off, and the next appends follow the committed ones (`TreeStore.trim_to_size`)."""
     if len(store) > rows:
         store.trim_to_size(rows)
+
+
+def preference_processor(tokenizer_path: str, chat_template: str) -> Any:
+    """Levanter's `PreferenceChatProcessor` for a template (a `ChatProcessor` per side), built as `train_dpo`
+    builds it for a preference component: `PreferenceChatLmDatasetFormat.build_preprocessor`."""
+    from levanter.data.text.preference import PreferenceChatLmDatasetFormat
+
+    return PreferenceChatLmDatasetFormat(chat_template=chat_template).build_preprocessor(
+        levanter_tokenizer(tokenizer_path))
