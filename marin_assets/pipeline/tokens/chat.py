@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -253,16 +253,16 @@ def _split_counts(arrays: Any, chunk: int = 1 << 24) -> tuple[int, int]:
     return size, sum(int(masks[i:min(i + chunk, size)].read().result().sum()) for i in range(0, size, chunk))
 
 
-def tokenize_chat_files(files: Sequence[str], cache_dir: str, processor: Any, text_format: str = "auto",
-                        batch_size: int = 256) -> tuple[int, int, int]:
-    """Conversation files, in order, into one chat cache whose ledger commits after each file; a re-run
-    skips committed files and redoes the one a crash interrupted. Returns (conversations, tokens,
-    assistant tokens)."""
+def write_files_resumably(files: Sequence[str], cache_dir: str, processor: Any,
+                          rendered: Callable[[str], Iterator[list[dict]]]) -> tuple[int, Any]:
+    """Files, in order, into one cache whose ledger commits after each file (`rendered(file)` yields its rows,
+    in batches); a re-run skips committed files and redoes the one a crash interrupted. Returns the cache's
+    rows and its arrays (for the caller's counts). Chat caches and preference caches are written by it."""
     metadata = lc.cache_metadata(processor)
     exemplar = processor.output_exemplar
     ledger = lc.load_ledger(cache_dir)
     if ledger is not None and ledger.is_finished:
-        return (ledger.total_num_rows, *_split_counts(lc.load_cache(cache_dir, exemplar).jagged_array_tree()))
+        return ledger.total_num_rows, lc.load_cache(cache_dir, exemplar).jagged_array_tree()
     if ledger is None:
         ledger = lc.new_ledger(0, {}, [], False, metadata)
         lc.commit_ledger(cache_dir, ledger)
@@ -273,17 +273,29 @@ def tokenize_chat_files(files: Sequence[str], cache_dir: str, processor: Any, te
         shard = f"{index:05d}-{file.rstrip('/').rsplit('/', 1)[-1]}".replace(".", "_")
         if shard in finished:
             continue
-        unit = "row" if format_of(file, text_format) == "parquet" else "line"
         written = 0
-        for numbers, conversations in iter_conversations(file, text_format, batch_size):
-            store.extend(_render(processor, conversations, file, numbers, unit))
-            written += len(conversations)
+        for batch in rendered(file):
+            store.extend(batch)
+            written += len(batch)
         rows += written
         shard_rows[shard] = written
         finished.append(shard)
         lc.commit_ledger(cache_dir, lc.new_ledger(rows, shard_rows, finished, False, metadata, lc.data_sizes(store)))
     lc.commit_ledger(cache_dir, lc.new_ledger(rows, shard_rows, finished, True, metadata, lc.data_sizes(store)))
-    return (rows, *_split_counts(store.tree))
+    return rows, store.tree
+
+
+def tokenize_chat_files(files: Sequence[str], cache_dir: str, processor: Any, text_format: str = "auto",
+                        batch_size: int = 256) -> tuple[int, int, int]:
+    """Conversation files, in order, into one chat cache, resumably (`write_files_resumably`). Returns
+    (conversations, tokens, assistant tokens)."""
+    def rendered(file: str) -> Iterator[list[dict]]:
+        unit = "row" if format_of(file, text_format) == "parquet" else "line"
+        for numbers, conversations in iter_conversations(file, text_format, batch_size):
+            yield _render(processor, conversations, file, numbers, unit)
+
+    rows, arrays = write_files_resumably(files, cache_dir, processor, rendered)
+    return (rows, *_split_counts(arrays))
 
 
 def chat_tokenize(output_path: str, dataset_path: str, tokenizer_path: str,

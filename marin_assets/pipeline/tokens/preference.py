@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,13 @@ from marin_assets.pipeline.data.preference import MANIFEST
 from marin_assets.pipeline.data.readers import DatasetError, iter_records
 from marin_assets.pipeline.tokens import levanter_cache as lc
 from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
-from marin_assets.pipeline.tokens.chat import DEFAULT_CHAT_TEMPLATE, GENERATION_TAG, chat_template_for, render_chats
+from marin_assets.pipeline.tokens.chat import (
+    DEFAULT_CHAT_TEMPLATE,
+    GENERATION_TAG,
+    chat_template_for,
+    render_chats,
+    write_files_resumably,
+)
 from marin_assets.pipeline.tokens.encoders import hf_tokenizer
 from marin_assets.pipeline.tokens.tokenize import (
     CACHE_NOT_EMPTY,
@@ -132,34 +138,14 @@ def _split_counts(arrays: Any, chunk: int = 1 << 24) -> tuple[int, int]:
 
 def tokenize_preference_files(files: Sequence[str], cache_dir: str, processor: PreferenceRenderer,
                               batch_size: int = 256) -> tuple[int, int, int]:
-    """Preference shards, in order, into one preference cache whose ledger commits after each shard; a re-run
-    skips committed shards and redoes the one a crash interrupted. Returns (pairs, tokens, assistant tokens)
-    over both sides."""
-    metadata = lc.cache_metadata(processor)
-    exemplar = processor.output_exemplar
-    ledger = lc.load_ledger(cache_dir)
-    if ledger is not None and ledger.is_finished:
-        return (ledger.total_num_rows, *_split_counts(lc.load_cache(cache_dir, exemplar).jagged_array_tree()))
-    if ledger is None:
-        ledger = lc.new_ledger(0, {}, [], False, metadata)
-        lc.commit_ledger(cache_dir, ledger)
-    store = lc.open_store(exemplar, cache_dir, mode="a")
-    lc.drop_rows_after(store, ledger.total_num_rows)  # crashed inside a shard: drop its rows, read it again
-    rows, shard_rows, finished = ledger.total_num_rows, dict(ledger.shard_rows), list(ledger.finished_shards)
-    for index, file in enumerate(files):
-        shard = f"{index:05d}-{file.rstrip('/').rsplit('/', 1)[-1]}".replace(".", "_")
-        if shard in finished:
-            continue
-        written = 0
+    """Preference shards, in order, into one preference cache, resumably (`chat.write_files_resumably`).
+    Returns (pairs, tokens, assistant tokens) over both sides."""
+    def rendered(file: str) -> Iterator[list[dict]]:
         for numbers, records in iter_records(file, SIDES, "jsonl", batch_size):
-            store.extend(_render(processor, records, file, numbers))
-            written += len(records)
-        rows += written
-        shard_rows[shard] = written
-        finished.append(shard)
-        lc.commit_ledger(cache_dir, lc.new_ledger(rows, shard_rows, finished, False, metadata, lc.data_sizes(store)))
-    lc.commit_ledger(cache_dir, lc.new_ledger(rows, shard_rows, finished, True, metadata, lc.data_sizes(store)))
-    return (rows, *_split_counts(store.tree))
+            yield _render(processor, records, file, numbers)
+
+    rows, arrays = write_files_resumably(files, cache_dir, processor, rendered)
+    return (rows, *_split_counts(arrays))
 
 
 def preference_tokenize(output_path: str, dataset_path: str, tokenizer_path: str, splits: Splits = None,
