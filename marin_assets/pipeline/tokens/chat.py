@@ -184,15 +184,11 @@ def render_chats(tokenizer: Any, template: str, conversations: Sequence[list[dic
             for ids, offsets, chat_spans in zip(encoded["input_ids"], encoded["offset_mapping"], spans, strict=True)]
 
 
-class ChatRenderer:
-    """Levanter's `ChatProcessor` (its checks, row fields and ledger metadata: what `ChatLmDatasetFormat` reads)
-    with `render_chats`' assistant masks in place of its own. `tokenizer`: a transformers tokenizer loaded by
-    `load_hf_tokenizer`, whose `name_or_path` is its folder (Levanter's processor loads that folder too)."""
+class LevanterRows:
+    """A processor whose rows we render but whose row fields (`output_exemplar`) and ledger metadata are those of
+    the Levanter processor in `_levanter`: what Levanter's dataset format compares when it reads the cache."""
 
-    def __init__(self, tokenizer: Any, template: str) -> None:
-        self._levanter = lc.chat_processor(tokenizer.name_or_path, template, MESSAGES_FIELD)
-        self.tokenizer = tokenizer
-        self.chat_template: str = self._levanter.chat_template
+    _levanter: Any
 
     @property
     def output_exemplar(self) -> dict:
@@ -201,6 +197,17 @@ class ChatRenderer:
     @property
     def metadata(self) -> dict[str, Any]:
         return self._levanter.metadata
+
+
+class ChatRenderer(LevanterRows):
+    """Levanter's `ChatProcessor` (its checks, row fields and ledger metadata: what `ChatLmDatasetFormat` reads)
+    with `render_chats`' assistant masks in place of its own. `tokenizer`: a transformers tokenizer loaded by
+    `load_hf_tokenizer`, whose `name_or_path` is its folder (Levanter's processor loads that folder too)."""
+
+    def __init__(self, tokenizer: Any, template: str) -> None:
+        self._levanter = lc.chat_processor(tokenizer.name_or_path, template, MESSAGES_FIELD)
+        self.tokenizer = tokenizer
+        self.chat_template: str = self._levanter.chat_template
 
     def __call__(self, batch: Sequence[dict]) -> list[dict]:
         rows = render_chats(self.tokenizer, self.chat_template, [row[MESSAGES_FIELD] for row in batch])

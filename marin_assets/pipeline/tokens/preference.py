@@ -32,6 +32,7 @@ from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_st
 from marin_assets.pipeline.tokens.chat import (
     DEFAULT_CHAT_TEMPLATE,
     GENERATION_TAG,
+    LevanterRows,
     chat_template_for,
     render_chats,
     write_files_resumably,
@@ -56,7 +57,7 @@ Splits = Sequence[str] | Mapping[str, str] | None
 """None: every split of the preference data, named as there; names: those; `{cache split: data split}`."""
 
 
-class PreferenceRenderer:
+class PreferenceRenderer(LevanterRows):
     """Levanter's `PreferenceChatProcessor` (its row fields and ledger metadata: what `train_dpo` reads) with each
     side rendered by `render_chats`, as our chat caches are. `tokenizer`: loaded from its folder (`name_or_path`)."""
 
@@ -64,14 +65,6 @@ class PreferenceRenderer:
         self._levanter = lc.preference_processor(tokenizer.name_or_path, template)
         self.tokenizer = tokenizer
         self.chat_template = template
-
-    @property
-    def output_exemplar(self) -> dict:
-        return self._levanter.output_exemplar
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return self._levanter.metadata
 
     def __call__(self, batch: Sequence[dict]) -> list[dict]:
         sides = {side: render_chats(self.tokenizer, self.chat_template, [row[side] for row in batch])
