@@ -3,7 +3,7 @@
 A turn is an object with a known role and non-blank text. The first bad one is an error naming where it is
 (`file, line N`) and which turn, so a bad conversation is found at once and never skipped. It lives in the
 data wing so that readers below the tokens wing (preference pairs) check turns exactly as chat tokenizing
-does; `tokens/chat.py` still spells the same rules out in `conversation_messages`.
+(`tokens/chat.py::conversation_messages`) does: both call `checked_turns`.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ def checked_turns(turns: list[Any], where: str, what: str = "turn", role_key: st
         if type(turn) is not dict:
             raise DatasetError(f"{where}: {what} {i} is {json_kind(turn)}, not an object with {role_key!r} and"
                                f" {text_key!r}")
-        if role_key not in turn:
+        role, text = turn.get(role_key), turn.get(text_key)
+        if role is None:
             keys = ", ".join(map(repr, turn)) or "none"
             raise DatasetError(f"{where}: {what} {i} has no {role_key!r} (keys: {keys})")
-        role, text = turn[role_key], turn.get(text_key)
         if not isinstance(role, str) or role not in roles:
             raise DatasetError(f"{where}: {what} {i} has {role_key} {role!r}, not one of {', '.join(map(repr, roles))}")
         if type(text) is not str:

@@ -28,6 +28,7 @@ import numpy as np
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.paths import join_path
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
+from marin_assets.pipeline.data.messages import checked_turns, json_kind
 from marin_assets.pipeline.data.readers import DatasetError, format_of, iter_records
 from marin_assets.pipeline.data.text_files import expand_files
 from marin_assets.pipeline.tokens import levanter_cache as lc
@@ -76,13 +77,6 @@ to stop) are its generation block, and nothing else of the turn is. Plain text h
 turn's end is EOS or the newline before the next header, so rendering a prefix tokenizes as the whole does."""
 
 
-def _kind(value: Any) -> str:
-    """A value's JSON kind, for messages."""
-    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "an array",
-             dict: "an object", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
-
-
 def conversation_messages(record: Mapping[str, Any], where: str) -> list[dict[str, str]]:
     """A record's conversation as OpenAI messages, checked: a list of turns, each with a known role and
     non-blank text, at least one by the assistant (SFT learns from nothing else). `where`: `file, line N`."""
@@ -94,21 +88,8 @@ def conversation_messages(record: Mapping[str, Any], where: str) -> list[dict[st
     turns = record[field]
     role_key, text_key, roles = FORMS[field]
     if type(turns) is not list:
-        raise DatasetError(f"{where}: {field!r} is {_kind(turns)}, not a list of turns")
-    messages = []
-    for i, turn in enumerate(turns, start=1):
-        if type(turn) is not dict:
-            raise DatasetError(f"{where}: turn {i} is {_kind(turn)}, not an object with {role_key!r} and {text_key!r}")
-        role, text = turn.get(role_key), turn.get(text_key)
-        if role is None:
-            raise DatasetError(f"{where}: turn {i} has no {role_key!r} (keys: {', '.join(map(repr, turn)) or 'none'})")
-        if not isinstance(role, str) or role not in roles:
-            raise DatasetError(f"{where}: turn {i} has {role_key} {role!r}, not one of {', '.join(map(repr, roles))}")
-        if type(text) is not str:
-            raise DatasetError(f"{where}: turn {i} ({role}) has {text_key!r} {_kind(text)}, not text")
-        if not text.strip():
-            raise DatasetError(f"{where}: turn {i} ({role}) is empty")
-        messages.append({"role": roles[role], "content": text})
+        raise DatasetError(f"{where}: {field!r} is {json_kind(turns)}, not a list of turns")
+    messages = checked_turns(turns, where, "turn", role_key, text_key, roles)
     if not any(m["role"] == "assistant" for m in messages):
         said = f"roles: {', '.join(dict.fromkeys(str(t[role_key]) for t in turns))}" if turns else "no turns"
         raise DatasetError(f"{where}: no assistant turn ({said}); SFT learns only from assistant turns")
