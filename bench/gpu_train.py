@@ -37,7 +37,7 @@ BATCH = {"tiny": 16, "small": 32}
 def fresh(script: str, spec: dict, cwd: str) -> tuple[float, str]:
     """Wall seconds of a fresh interpreter running one side's script on the spec's platform, and its output."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "JAX_PLATFORMS": spec["platform"]}
+           "JAX_PLATFORMS": spec["platform"] if spec["platform"] == "cpu" else f"{spec['platform']},cpu"}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(spec)], cwd=cwd, env=env, capture_output=True,

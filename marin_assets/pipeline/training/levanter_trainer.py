@@ -140,7 +140,8 @@ def use_platform(platform: str | None, who: str) -> None:
     from jax.extend import backend as jax_backend
 
     previous = getattr(jax.config, "jax_platforms")  # noqa: B009  (a config state mypy does not see)
-    jax.config.update("jax_platforms", platform)
+    # the CPU backend stays beside the accelerator: Levanter keeps its data loader's arrays on it
+    jax.config.update("jax_platforms", platform if platform == "cpu" else f"{platform},cpu")
     cleared = False
     try:
         found = jax.default_backend()
