@@ -152,8 +152,8 @@ def use_platform(platform: str | None, who: str) -> None:
         problem = None if found == JAX_BACKENDS[platform] else f"JAX started on {found!r}"
     except Exception as e:  # JAX raises a bare AssertionError or a RuntimeError for a backend it cannot start
         problem = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else 'no backend'}"
-        if JAX_BACKENDS[platform] == "gpu" and importlib.util.find_spec(CUDA_PLUGIN) is None:
-            problem = f"JAX's CUDA 13 plugin ({CUDA_PLUGIN.replace('_', '-')}) is not installed"
+    if problem is not None and JAX_BACKENDS[platform] == "gpu" and importlib.util.find_spec(CUDA_PLUGIN) is None:
+        problem = f"JAX's CUDA 13 plugin ({CUDA_PLUGIN.replace('_', '-')}) is not installed"
     if problem is None:
         return
     jax.config.update("jax_platforms", previous)
