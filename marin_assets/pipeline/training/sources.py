@@ -1,6 +1,7 @@
 """Where a training run's first weights come from: random, a Hugging Face model folder (a plain folder or
-an export step's), or a checkpoint of another training step. Only the weights: the optimizer, step
-count and data order start afresh. The source enters the step's identity; shapes are checked.
+an export step's), or a Levanter checkpoint — another training step's, or a Hugging Face model converted
+(`hf_to_levanter_step`). Only the weights: the optimizer, step count and data order start afresh. The
+source enters the step's identity; shapes are checked.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 
 import fsspec
 
-from marin_assets.core.record import load_result
+from marin_assets.core.record import RecordNotAvailableError, load_result
 from marin_assets.core.step import Step, StepDefinitionError
+from marin_assets.pipeline.training.hf_to_levanter import HfToLevanterStep, LevanterCheckpoint
 from marin_assets.pipeline.training.run import TrainResult, TrainStep
 from marin_assets.pipeline.training.specs import (
     ModelSpec,
@@ -77,8 +79,8 @@ class InitFrom:
     Make one with `from_hf` or `from_checkpoint`."""
 
     source: Step | None = None
-    """A `TrainStep` (one of its Levanter checkpoints), or a step whose output is a Hugging Face model
-    folder (an export step); the training step depends on it."""
+    """A `TrainStep` (one of its Levanter checkpoints), an `HfToLevanterStep` (its one checkpoint), or a
+    step whose output is a Hugging Face model folder (an export step); the training step depends on it."""
     folder: str | None = None
     """A plain Hugging Face model folder (local path or URL), identified by its path and `fingerprint`."""
     checkpoint_step: int | None = None
@@ -88,7 +90,7 @@ class InitFrom:
 
     def identity(self) -> dict[str, Any]:
         """What enters the training step's hash_attrs."""
-        if isinstance(self.source, TrainStep):
+        if isinstance(self.source, (TrainStep, HfToLevanterStep)):
             return {"checkpoint_of": self.source.name_with_hash, "checkpoint_step": self.checkpoint_step}
         if self.source is not None:
             return {"hf_step": self.source.name_with_hash}
@@ -99,6 +101,8 @@ class InitFrom:
         if isinstance(self.source, TrainStep):
             which = "the last checkpoint" if self.checkpoint_step is None else f"checkpoint {self.checkpoint_step}"
             return f"{which} of {self.source.name}"
+        if isinstance(self.source, HfToLevanterStep):
+            return f"the Levanter checkpoint {self.source.name} converted from {self.source.source.name}"
         return f"the Hugging Face model of {self.source.name}" if self.source is not None else str(self.folder)
 
     def vocab_size(self) -> int:
@@ -118,6 +122,9 @@ class InitFrom:
                 raise TrainSourceError(f"cannot start from {self.describe()}: {e}") from None
             vocab = result.vocab_size or model_vocab_size(tokenizer, model.vocab_multiple)
             return InitWeights(checkpoint, vocab, model)
+        if isinstance(self.source, HfToLevanterStep):
+            converted = load_result(self.source, LevanterCheckpoint)
+            return InitWeights(converted.checkpoint_path(self.checkpoint_step), converted.vocab_size, converted.model)
         folder = self.source.output_path if self.source is not None else str(self.folder)
         return InitWeights(folder, int(read_hf_config(folder)["vocab_size"]))
 
@@ -128,18 +135,26 @@ def from_hf(source: Step | str) -> InitFrom:
     if isinstance(source, TrainStep):
         raise StepDefinitionError(f"{source.name} is a training step: start from its checkpoints with"
                                   " from_checkpoint(), or from its export step's folder with from_hf()")
+    if isinstance(source, HfToLevanterStep):
+        raise StepDefinitionError(f"{source.name} is a Levanter checkpoint (converted from {source.source.name}):"
+                                  " start from it with from_checkpoint(), or from the Hugging Face folder itself"
+                                  " with from_hf()")
     if isinstance(source, Step):
         return InitFrom(source=source)
     return InitFrom(folder=source, fingerprint=hf_fingerprint(source))
 
 
-def from_checkpoint(train: TrainStep, step: int | None = None) -> InitFrom:
-    """Start from checkpoint `step` (default: the last) of another training step's Levanter checkpoints."""
-    if not isinstance(train, TrainStep):
-        raise StepDefinitionError(f"from_checkpoint needs a training step (train_step), got"
-                                  f" {getattr(train, 'name', train)!r}; for a Hugging Face folder use from_hf()")
+def from_checkpoint(train: TrainStep | HfToLevanterStep, step: int | None = None) -> InitFrom:
+    """Start from checkpoint `step` (default: the last) of another training step's Levanter checkpoints, or from
+    a Hugging Face model converted into one (`hf_to_levanter_step`, whose one checkpoint is step 0)."""
+    if not isinstance(train, (TrainStep, HfToLevanterStep)):
+        raise StepDefinitionError(f"from_checkpoint needs a training step (train_step) or a converted model"
+                                  f" (hf_to_levanter_step), got {getattr(train, 'name', train)!r}; for a Hugging"
+                                  " Face folder use from_hf()")
     if step is not None and step < 0:
         raise StepDefinitionError(f"checkpoint step must be non-negative, got {step}")
+    if isinstance(train, HfToLevanterStep) and step not in (None, 0):
+        raise StepDefinitionError(f"{train.name} is a converted model with one checkpoint (step 0), not {step}")
     return InitFrom(source=train, checkpoint_step=step)
 
 
@@ -148,6 +163,9 @@ def source_mismatches(model: ModelSpec, init_from: InitFrom, hf_config: Mapping[
     step's model for a checkpoint, the `config.json` of a Hugging Face folder."""
     if isinstance(init_from.source, TrainStep):
         problems = model.differences(init_from.source.model)
+    elif isinstance(init_from.source, HfToLevanterStep):
+        theirs = init_from.source.model or _converted_model(init_from.source)
+        problems = model.differences(theirs) if theirs is not None else []
     elif hf_config is not None:
         problems = model.hf_differences(hf_config)
     else:
@@ -155,3 +173,12 @@ def source_mismatches(model: ModelSpec, init_from: InitFrom, hf_config: Mapping[
     if not problems:
         return None
     return f"the model does not fit the weights of {init_from.describe()}: " + "; ".join(problems)
+
+
+def _converted_model(step: HfToLevanterStep) -> ModelSpec | None:
+    """The model a conversion recorded (None before it has one): a conversion that reads its model from
+    `config.json` knows it only once it ran."""
+    try:
+        return load_result(step, LevanterCheckpoint).model
+    except RecordNotAvailableError:
+        return None
