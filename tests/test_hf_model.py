@@ -25,7 +25,7 @@ from marin_assets import StepDefinitionError, build_definitions, load_result, ma
 from marin_assets.core.step import walk
 from marin_assets.pipeline.data.corpus import corpus_step
 from marin_assets.pipeline.data.download import DownloadError
-from marin_assets.pipeline.evals.loss import evaluate_lm
+from marin_assets.pipeline.evals.loss import EvalResult, evaluate_lm, evaluate_step
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.training.export import ExportResult, export_step
@@ -217,6 +217,21 @@ def test_evaluation_reads_the_conversion_as_the_training_run_measured_it(made, h
     assert math.isclose(got.loss, made.base_result.final_eval_loss, abs_tol=1e-4), (got.loss,
                                                                                     made.base_result.final_eval_loss)
     assert got.bpb is not None and got.bpb > 0
+
+
+def test_an_evaluation_step_evaluates_the_conversion_and_the_downloaded_model_as_it_does_a_run(made, hub, tmp_path):
+    """`evaluate_step` takes a model from the Hub as it takes a training step: the record says where the weights are
+    and what they are; the downloaded folder and its conversion score the same."""
+    converted = made.result(made.converted, LevanterCheckpoint)
+    model, tokenizer = converted.model_and_tokenizer()
+    cache = made.result(made.tokenized, TokenizedCache).path
+    direct = evaluate_lm(str(tmp_path / "direct"), converted.checkpoint_path(), model, tokenizer, {"stories": cache},
+                         max_eval_batches=1, vocab_size=converted.vocab_size)
+    for evaluated in (made.converted, made.model):
+        step = evaluate_step(f"evals/{evaluated.name.rsplit('/', 1)[-1]}", evaluated, {"stories": made.tokenized},
+                             max_eval_batches=1)
+        got = made.result(step, EvalResult)
+        assert math.isclose(got.loss, direct.loss, rel_tol=1e-4), (evaluated.name, got.loss, direct.loss)
 
 
 def test_a_run_starts_from_the_conversion_through_dagster(made, hub, local_ray, dagster_home):

@@ -18,7 +18,7 @@ from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.evals.kind import Checkpoint, EvalKind
 from marin_assets.pipeline.training.export import ExportResult
-from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.runner import platform_for
 
 
@@ -37,13 +37,14 @@ class EvalStep(Step):
 def eval_step(name: str, kind: EvalKind, train: Step, checkpoint_step: int | None = None, *,
               export: Step | None = None, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
     """Evaluate checkpoint `checkpoint_step` (default: the last) of a training step — or `export`, a Hugging
-    Face export of it (`export_step`) — with `kind`, on `gpu` CUDA GPUs when asked."""
+    Face export of it (`export_step`), or a model from the Hub (`hf_model_step`, `hf_to_levanter_step`) — with
+    `kind`, on `gpu` CUDA GPUs when asked."""
     if not isinstance(train, Step):
         raise StepDefinitionError(f"step {name!r}: evaluates {train!r}, which is not a step")
     resources = Resources(cpu=1, gpu=gpu, gpu_type=gpu_type)
 
     def run(out: str) -> Any:
-        result = load_result(train, TrainResult)
+        result = load_result(train)  # a run's TrainResult, or a model from the Hub (HfModel, LevanterCheckpoint)
         model, tokenizer = result.model_and_tokenizer()
         path = load_result(export, ExportResult).path if export else result.checkpoint_path(checkpoint_step)
         return kind.evaluate(out, Checkpoint(path, model, tokenizer, result.vocab_size, platform_for(resources)))
