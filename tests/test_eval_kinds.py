@@ -1,8 +1,8 @@
-"""The evaluation-kind seam: every kind (loss and bits per byte; lm-eval tasks) goes through the same generic
-steps — a final-checkpoint step and a per-checkpoint family — and the same assertions: identity from the kind's
-own attributes, the training run found by type, the final step and the partition of the same checkpoint
-computing the same numbers, table rows matching their columns, and reports finding the evaluation by type; and
-the loss kind's bits per byte is the validation text's own."""
+"""The evaluation-kind seam: every kind (loss and bits per byte; lm-eval tasks; per-token log-probs; the perplexity
+gap to a reference model) goes through the same generic steps — a final-checkpoint step and a per-checkpoint family
+— and the same assertions: identity from the kind's own attributes, the training run found by type, the final step
+and the partition of the same checkpoint computing the same numbers, table rows matching their columns, and reports
+finding the evaluation by type; and the loss kind's bits per byte is the validation text's own."""
 
 import math
 
@@ -13,7 +13,10 @@ from marin_assets.core.record import read_record
 from marin_assets.pipeline.data.text_files import expand_files, iter_documents
 from marin_assets.pipeline.evals.harness import HarnessEval
 from marin_assets.pipeline.evals.harness_tasks import shipped_tasks
+from marin_assets.pipeline.evals.log_probs import LogProbsEval
 from marin_assets.pipeline.evals.loss import LossEval
+from marin_assets.pipeline.evals.models import model_ref
+from marin_assets.pipeline.evals.perplexity_gap import PerplexityGapEval, TextSet
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
 from marin_assets.pipeline.reports.experiment_summary import experiment_summary_step
 from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer
@@ -27,15 +30,21 @@ SHORT = TrainerSpec(num_train_steps=6, train_batch_size=4, checkpoint_every=3, s
 KINDS = {
     "loss": lambda pipeline: LossEval({"stories": pipeline["tokenized"]}, max_eval_batches=1),
     "lm-eval": lambda pipeline: HarnessEval(tuple(shipped_tasks()), num_fewshot=1, limit=4),
+    "log-probs": lambda pipeline: LogProbsEval(pipeline["tokenized"], max_docs=4),
+    # each checkpoint against the run's export (its last checkpoint), on the corpus's validation text
+    "perplexity-gap": lambda pipeline: PerplexityGapEval(model_ref("kinds", pipeline["export"]),
+                                                         {"stories": TextSet(pipeline["corpus"])}, max_docs=4,
+                                                         max_doc_bytes=400),
 }
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A tiny model trained 6 steps (checkpoints 3 and 5) under a prefix exported as MARIN_PREFIX."""
+    """A tiny model trained 6 steps (checkpoints 3 and 5) and exported, under a prefix exported as MARIN_PREFIX."""
     prefix = str(tmp_path_factory.mktemp("kinds") / "outputs")
     with trained_tiny_stories(prefix, prefix="kinds", train_documents=300, validation_documents=40, vocab_size=300,
                               model=TINY, trainer=SHORT, optimizer=OptimizerSpec(learning_rate=1e-2)) as pipeline:
+        materialize_step(pipeline["export"], prefix=prefix)  # the perplexity gap's reference
         yield pipeline, prefix, load_result(pipeline["train"], TrainResult)
 
 

@@ -200,3 +200,13 @@ def test_a_nasty_result_materializes_and_is_cached_through_dagster(prefix, local
                 "result.empty", "result.nothing", "result.odd key/é\\n]", "result.long", "result.many",
                 "result.many_note"} <= md.keys()
         assert md["result.loss_curve"].value.startswith("![loss curve](data:")
+
+
+def test_a_files_path_is_a_path_entry_and_a_results_markdown_is_rendered():
+    got = accepted(result_metadata({"html_path": "/out/log_probs.html", "note": "plain text",
+                                    "hardest_documents_markdown": "| doc |\n| --- |\n| 3 |"}))
+    assert isinstance(got["result.html_path"], dg.PathMetadataValue)
+    assert got["result.html_path"].value == "/out/log_probs.html"
+    assert isinstance(got["result.hardest_documents_markdown"], dg.MarkdownMetadataValue)
+    assert got["result.hardest_documents_markdown"].value.startswith("| doc |")
+    assert isinstance(got["result.note"], dg.TextMetadataValue)

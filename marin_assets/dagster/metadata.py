@@ -149,6 +149,10 @@ def _entries(label: str, key: Any, value: Any, depth: int, room: int) -> dict[st
     if value is None or isinstance(value, (bool, int, float)):
         return {label: value}  # NaN and inf too: Dagster shows them ("nan") and plots the rest
     if isinstance(value, str):
+        if str(key).endswith("_markdown"):  # a result's own rendering (the worst documents, a preview)
+            return {label: dg.MetadataValue.md(_cut(value, MAX_TEXT_CHARS))}
+        if str(key).endswith("_path"):  # a file the step wrote (an HTML view, a table): the UI offers to copy it
+            return {label: dg.MetadataValue.path(value)}
         return {label: _cut(value, MAX_TEXT_CHARS)}
     if not isinstance(value, (Mapping, list)) or not value:
         return json_entries(label, value)  # empty: shown, so that the key is seen
