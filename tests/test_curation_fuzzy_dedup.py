@@ -1,6 +1,10 @@
 """fuzzy_dedup on the planted corpus: every planted pair that is truly near (5-gram Jaccard at the threshold)
 loses one member, far copies and distinct documents stay; a chain of small edits keeps its far ends; the same
-output however it is bucketed or fanned out, after a kill, and through the protocol."""
+output however it is bucketed or fanned out, after a kill, and through the protocol.
+
+The character path (`shingles="char"`) on real text with planted character noise: noisy copies found where
+word 5-grams miss them, distinct documents under Python's own licence kept where Jaccard alone removes them,
+through Dagster; punctuation normalisation; identities and bad parameters."""
 
 import functools
 import gzip
@@ -9,23 +13,30 @@ import random
 import re
 import shutil
 import sys
+import unicodedata
 from pathlib import Path
 
+import dagster as dg
 import pyarrow as pa
 import pytest
 
-from marin_assets import Step, StepDefinitionError, materialize_step
+from marin_assets import Step, StepDefinitionError, build_definitions, materialize_step
 from marin_assets.core.checks import run_check
 from marin_assets.core.record import load_result, read_record
 from marin_assets.pipeline.curation.fuzzy_dedup import (
+    ALGORITHM,
+    CHAR_DEFAULTS,
     REASON,
     SAMPLE,
+    FuzzyDedup,
     FuzzyDedupResult,
     fuzzy_dedup,
     fuzzy_dedup_step,
 )
-from marin_assets.pipeline.curation.normalize import normalize
+from marin_assets.pipeline.curation.noisy_copies import RATES, add_noise, boilerplate, noisy_corpus, score
+from marin_assets.pipeline.curation.normalize import normalize, normalize_step
 from marin_assets.pipeline.curation.shards import CurationError, list_shards, write_shard
+from marin_assets.pipeline.curation.shingles import char_ngram_hashes, normalize_punctuation
 from tests.support.curation import documents, id_counts, kill_when
 from tests.support.helpers import FAST, subprocess_env
 
@@ -189,6 +200,10 @@ def test_the_output_is_deterministic_and_does_not_depend_on_buckets(planted, ded
     before = {p: p.stat().st_mtime_ns for p in Path(again, "_work").rglob("*.json")}
     assert fuzzy_dedup(again, planted.normalized, buckets=5).documents_out == result.documents_out
     assert {p: p.stat().st_mtime_ns for p in before} == before, "a rerun reads the finished work"
+    explicit = str(tmp_path / "explicit")  # the new options, set to what the word path did before them
+    assert fuzzy_dedup(explicit, planted.normalized, shingles="word", normalize_punctuation=False, window=0) == \
+        FuzzyDedupResult(**{**result.__dict__, "path": explicit})
+    assert documents(explicit) == documents(out)
 
 
 def test_identity_follows_the_algorithm_not_buckets_or_workers(planted):
@@ -282,3 +297,171 @@ def test_the_step_through_the_protocol_records_its_clusters_and_passes_its_check
     assert check.passed and f"of {record.result['documents_in']} documents" in check.message
     assert not run_check(fuzzy_dedup_step("curated/planted-fuzzy-dedup", data, max_removed_fraction=0.05).checks[0],
                          outcome.output_path, record.result).passed
+
+
+# --- the character path: noisy copies, boilerplate, punctuation ---
+
+NOISY_COPIES = 40
+"""Base documents copied with character noise (the rates of `noisy_copies.RATES` in turn), and as many other
+base documents headed by Python's licence or its PSF section: a small corpus, fast on both paths."""
+
+
+@pytest.fixture(scope="module")
+def noisy(planted, corpus):
+    """Real documentation (the planted corpus's distinct base documents) with noisy copies and boilerplate."""
+    texts = [corpus["text"][doc_id] for doc_id in planted.truth.base_ids[:2 * NOISY_COPIES]]
+    return noisy_corpus(texts, NOISY_COPIES, NOISY_COPIES, seed=3)
+
+
+def _write_raw(texts: list[str], output_path: str) -> None:
+    folder = Path(output_path, "train")
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(folder / "part-00000.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"text": text}) + "\n" for text in texts)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("“Don’t” — he said…", "don t he said"),
+    ("Don't -- he said...", "don t he said"),
+    ("l’état\u00a0de l‘art", "l état de l art"),  # curly apostrophes, a non-breaking space
+    ("naïve café – pages 2–3 «cited»", "naïve café pages 2 3 cited"),
+    ("snake_case\tand\n\nlines", "snake case and lines"),
+    ("cafe\u0301 x", "cafe\u0301 x"),  # a combining accent belongs to its word
+    ("Привет, мир! 你好，世界。", "привет мир 你好 世界"),
+    ("© 2024 ™ → ok 😀", "2024 ok"),
+    ("  …  ", ""),
+    ("nul\x00inside", "nul inside"),
+    ("", ""),
+])
+def test_punctuation_normalisation_folds_quotes_dashes_symbols_and_spaces(text, expected):
+    assert normalize_punctuation([text]) == [expected]
+    assert normalize_punctuation(["x", text, "y"]) == ["x", expected, "y"], "texts stay apart in a batch"
+
+
+def test_character_shingles_are_the_distinct_substrings_of_the_normalised_text(noisy):
+    text = normalize_punctuation([noisy.texts[0]])[0]
+    hashes, offsets = char_ngram_hashes([text, text[10:], "short", "short", ""], 7)
+    whole, suffix = (set(hashes[offsets[i]:offsets[i + 1]].tolist()) for i in (0, 1))
+    assert len(whole) == len({text[i:i + 7] for i in range(len(text) - 6)}), "one hash per distinct 7-gram"
+    assert suffix <= whole and len(whole - suffix) >= 1
+    start = offsets[2]
+    assert list(offsets[2:]) == [start, start + 1, start + 2, start + 2], "a short text: one hash; an empty one none"
+    assert hashes[offsets[2]] == hashes[offsets[3]] and hashes[offsets[2]] not in whole
+
+
+def test_the_char_path_through_dagster_finds_noisy_copies_and_keeps_documents_sharing_a_licence(
+        noisy, tmp_path, prefix, local_ray, dagster_home):
+    # the premise: character noise at a few percent leaves word 5-grams far below any useful threshold
+    pairs = {(o, c): rate for o, c, rate in noisy.copies}
+    originals = dict(zip([o for o, _, _ in noisy.copies], noisy.texts[:NOISY_COPIES], strict=True))
+    copies = dict(zip([c for _, c, _ in noisy.copies], noisy.texts[NOISY_COPIES:2 * NOISY_COPIES], strict=True))
+    word_jaccard = sorted(similarity(originals[o], copies[c]) for o, c in pairs)
+    assert word_jaccard[len(word_jaccard) // 2] < 0.5, word_jaccard
+
+    raw = Step(name="raw/noisy-copies", fn=functools.partial(_write_raw, noisy.texts),
+               hash_attrs={"documents": len(noisy.texts), "seed": 3})
+    data = normalize_step("curated/noisy-copies", raw, target_shard_bytes=60_000)
+    step = fuzzy_dedup_step("curated/noisy-copies-fuzzy-char", data, shingles="char")
+    result = build_definitions([step]).resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=dg.DagsterInstance.get())
+    assert result.success
+    assert len(list_shards("test", data.output_path)) > 3, "pairs cross shards"
+    metadata = {e.asset_key.to_user_string(): e for e in result.get_asset_materialization_events()}[step.name]
+    assert [r.data["name"] for r in metadata.materialization.metadata["result.removed"].records] == [REASON]
+    checks = {(e.asset_key.to_user_string(), e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+    assert checks[(step.name, "removed_fraction_within")] is True
+
+    kept = id_counts(step.output_path)
+    char = score(noisy, kept)
+    assert char.recall >= 0.9 and min(char.recall_by_rate.values()) >= 0.8, char
+    assert char.false_removals <= 0.01, char
+    copy_ids = {c for _, c, _ in noisy.copies}
+    assert all(kept[doc_id] == 1 for doc_id in id_counts(data.output_path) if doc_id not in copy_ids), \
+        "only noisy copies go: every original and every document under the licence stays"
+    recorded = load_result(step.output_path, FuzzyDedupResult)
+    assert recorded.removed[REASON].documents == round(char.recall * char.copies)
+
+    # the word path on the same shards: blind to the noise, and Jaccard alone falls for the shared licence
+    word = score(noisy, id_counts(fuzzy_dedup(str(tmp_path / "word"), data.output_path).path))
+    assert word.recall <= 0.25 and word.false_removals >= 0.2, word
+    print(f"\nnoisy copies (rates {list(RATES)}): char recall {char.recall:.3f} {char.recall_by_rate}, false removals"
+          f" {char.false_removals:.3f} of {char.distinct}; word recall {word.recall:.3f}, false removals"
+          f" {word.false_removals:.3f}; word 5-gram Jaccard of the copies: median"
+          f" {word_jaccard[len(word_jaccard) // 2]:.2f}")
+
+
+def test_the_char_path_on_the_planted_corpus_removes_only_planted_twins(planted, corpus, tmp_path):
+    out = str(tmp_path / "out")
+    fuzzy_dedup(out, planted.normalized, shingles="char")
+    counts = id_counts(out)
+    near = [n for n in planted.truth.near_duplicates if not n.far]
+    assert [n.edits for n in near if counts[n.original] + counts[n.copy] != 1] == [], \
+        "every copy with 1 to 8 words replaced is found (the word path finds those of 1 or 2)"
+    for n in planted.truth.near_duplicates:
+        if n.far:
+            assert counts[n.original] >= 1 and counts[n.copy] == 1, f"far copy ({n.edits} of {n.words} words)"
+    members = {doc_id for n in near for doc_id in (n.original, n.copy)}
+    for doc_id, count in id_counts(planted.normalized).items():
+        if doc_id not in members:
+            assert counts[doc_id] == 1, f"{doc_id} ({count} in the input) is not a member of a planted pair"
+
+
+def test_punctuation_normalisation_lets_the_word_path_see_typographic_variants(planted, corpus, tmp_path):
+    def typeset(text: str) -> str:
+        return text.replace("'", "’").replace('"', "”").replace("--", "—").replace(" - ", "—")
+
+    bases = [corpus["text"][doc_id] for doc_id in planted.truth.base_ids]
+    original = min(bases, key=lambda t: (similarity(t, typeset(t)), t))
+    variant = typeset(original)
+    assert similarity(original, variant) < THRESHOLD, "curly quotes and dashes glue words together"
+    assert normalize_punctuation([original]) == normalize_punctuation([variant])
+    others = [t for t in bases if t != original][:6]
+    raw = tmp_path / "raw"
+    _write_raw([original, *others, variant], str(raw))
+    normalize(str(tmp_path / "data"), str(raw))
+    default = id_counts(fuzzy_dedup(str(tmp_path / "default"), str(tmp_path / "data")).path)
+    folded = id_counts(fuzzy_dedup(str(tmp_path / "folded"), str(tmp_path / "data"), normalize_punctuation=True).path)
+    assert sum(default.values()) == 8 and sum(folded.values()) == 7
+    assert set(default) - set(folded) == {list(id_counts(str(tmp_path / "data")))[-1]}, "the later variant goes"
+
+
+def test_the_word_default_keeps_its_identity_and_every_new_option_changes_it(planted):
+    default = FuzzyDedup()
+    assert set(default.identity()) == {"ngram", "num_perm", "bands", "threshold", "seed", "algorithm"}
+    assert {k: v for k, v in default.identity()["algorithm"].items() if k != "signature"} == \
+        {k: v for k, v in ALGORITHM.items() if k != "signature"}
+    explicit = {"shingles": "word", "normalize_punctuation": False, "window": 0, "ngram": 5, "num_perm": 286,
+                "bands": 26, "threshold": 0.8}
+    assert FuzzyDedup(**explicit).identity() == default.identity()
+    char = FuzzyDedup(shingles="char")
+    assert char.identity() == FuzzyDedup(shingles="char", **CHAR_DEFAULTS).identity()
+    assert char.identity()["algorithm"]["normalize"].endswith(f"unicode-{unicodedata.unidata_version}")
+    variants = [{}, {"shingles": "char"}, {"normalize_punctuation": True}, {"window": 20},
+                {"shingles": "char", "normalize_punctuation": False}, {"shingles": "char", "ngram": 6},
+                {"shingles": "char", "window": 0}, {"shingles": "char", "threshold": 0.5}]
+    hashes = [fuzzy_dedup_step("curated/fuzzy", planted.step, **kw).hash for kw in variants]
+    assert len(set(hashes)) == len(variants)
+    assert fuzzy_dedup_step("curated/fuzzy", planted.step, **explicit).hash == hashes[0]
+
+
+def test_bad_shingle_parameters_are_named(planted):
+    for ngram in (2, 33):
+        with pytest.raises(StepDefinitionError, match=rf"^fuzzy_dedup step 'curated/fuzzy': a character n-gram must"
+                                                      rf" be 3 to 32 characters, got {ngram} \(below 3 every text"):
+            fuzzy_dedup_step("curated/fuzzy", planted.step, shingles="char", ngram=ngram)
+    with pytest.raises(StepDefinitionError, match=r"shingles must be one of 'word', 'char', got 'bytes'"):
+        fuzzy_dedup_step("curated/fuzzy", planted.step, shingles="bytes")
+    with pytest.raises(ValueError, match=r"^fuzzy_dedup: window must be 0 \(no window check\) or a number of"):
+        fuzzy_dedup("/nowhere", planted.normalized, window=-1)
+    assert fuzzy_dedup_step("curated/fuzzy", planted.step, ngram=40).hash_attrs["ngram"] == 40, "words: no limit"
+
+
+def test_noise_edits_about_its_rate_of_characters(noisy):
+    import difflib
+
+    text = noisy.texts[1]
+    for rate in RATES:
+        copy = add_noise(text, rate, random.Random(0))
+        changed = 1 - difflib.SequenceMatcher(None, text, copy, autojunk=False).ratio()
+        assert rate / 3 < changed < rate * 3, (rate, changed)
+    assert set(boilerplate()) == {"licence", "header"} and len(boilerplate()["licence"]) > 5 * 860

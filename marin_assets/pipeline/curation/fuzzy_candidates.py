@@ -1,6 +1,6 @@
-"""fuzzy_dedup's candidates: MinHash over word n-grams, LSH bands, and the pairs that share a band.
+"""fuzzy_dedup's candidates: MinHash over word or character n-grams, LSH bands, and the pairs that share a band.
 
-Phase 1 (`band_shard`, per shard): n-gram hashes (`ngrams`), MinHash rows (rensa), one uint64 per band.
+Phase 1 (`band_shard`, per shard): n-gram hashes (`shingles`), MinHash rows (rensa), one uint64 per band.
 Its records (band, band hash, shard ordinal, row) go to one file, `_work/bands/{shard}.records`, ordered by
 hash bucket, so a bucket's slice is read alone. Phase 2 (`pair_bucket`, per bucket): records sharing (band,
 hash) become pairs (all pairs in a small group, each member with the group's first in a large one):
@@ -22,8 +22,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from marin_assets.core.files import atomic_write, read_bytes
-from marin_assets.pipeline.curation.ngrams import mix, ngram_hashes
+from marin_assets.pipeline.curation.ngrams import mix
 from marin_assets.pipeline.curation.shards import CurationError, Shard, read_shard, work_path
+from marin_assets.pipeline.curation.shingles import Shingling
 
 STAGE = "fuzzy_dedup"
 PAIRWISE_GROUP = 8
@@ -38,13 +39,13 @@ ROW_MASK = np.uint64(0xFFFFFFFF)
 _Q = np.uint64(0x9E3779B97F4A7C15)
 
 
-def band_hashes(texts: Sequence[str], ngram: int, num_perm: int, bands: int, seed: int) -> tuple[np.ndarray,
-                                                                                                  np.ndarray]:
+def band_hashes(texts: Sequence[str], shingling: Shingling, num_perm: int, bands: int,
+                seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(indices of the texts that have n-grams, their band hashes: len × bands uint64). Texts whose MinHash
-    rows agree in a band agree in that band's hash; texts without a word take no part."""
+    rows agree in a band agree in that band's hash; texts without a word (a character) take no part."""
     import rensa
 
-    hashes, offsets = ngram_hashes(texts, ngram)
+    hashes, offsets = shingling.hashes(texts)
     present = np.flatnonzero(offsets[1:] > offsets[:-1])
     if not len(present):
         return present, np.zeros((0, bands), dtype=np.uint64)
@@ -105,14 +106,14 @@ def text_batches(texts: pa.ChunkedArray) -> list[tuple[int, int]]:
     return bounds
 
 
-def band_shard(output_path: str, ngram: int, num_perm: int, bands: int, seed: int, buckets: int,
-                item: tuple[int, Shard]) -> dict[str, Any]:
+def band_shard(output_path: str, shingling: Shingling, num_perm: int, bands: int, seed: int, buckets: int,
+               item: tuple[int, Shard]) -> dict[str, Any]:
     """Phase 1: one shard's band records in one file, ordered by bucket; how many each bucket got."""
     ordinal, shard = item
     texts = read_shard(STAGE, shard.path, ["id", "text", "source"]).column("text")  # phase 3 reads id and source
     parts = []
     for start, stop in text_batches(texts):
-        rows, hashes = band_hashes(texts.slice(start, stop - start).to_pylist(), ngram, num_perm, bands, seed)
+        rows, hashes = band_hashes(texts.slice(start, stop - start).to_pylist(), shingling, num_perm, bands, seed)
         records = np.empty(hashes.size, dtype=BAND_RECORD)
         records["band"] = np.tile(np.arange(bands, dtype=np.uint32), len(rows))
         records["hash"] = hashes.ravel()

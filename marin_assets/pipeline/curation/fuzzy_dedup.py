@@ -7,6 +7,14 @@ documents (marin#6854). A document is removed only for a verified pair with an *
 that is kept, so every removed document has a kept near-twin and a chain of small edits never
 takes its far end with it.
 
+Copies with character noise (typos, OCR errors) keep few word 5-grams: `shingles="char"` signs
+character 7-grams of the punctuation-normalised text instead (`shingles`; defaults `CHAR_DEFAULTS`:
+240 permutations in 60 bands of 4 rows, threshold 0.4), and a pair counts only if, besides Jaccard,
+every window of 100 characters of each document is mostly (>= threshold) found in the other
+(`fuzzy_verify.window_containment`): distinct documents that share a long licence or header reach a high
+Jaccard on the boilerplate alone, but their own text is not in each other. `normalize_punctuation` is
+the char path's default and an option of the word path (the word default reads the text as before).
+
 A document is `(shard ordinal, row)` packed in a uint64 (ordinals in `list_shards` order: key
 order is split, shard index, row). Phases (`stage.run_phase`: resumable per item, fanned out),
 each item's outcome at `_work/{phase}/{key}.json` beside its data; the first five are the filter's
@@ -44,16 +52,30 @@ from marin_assets.pipeline.curation.fuzzy_candidates import (
 )
 from marin_assets.pipeline.curation.fuzzy_verify import SAMPLE, cluster, gather_sets, verification_plan, verify_shard
 from marin_assets.pipeline.curation.shards import CurationError, Shard, work_path
+from marin_assets.pipeline.curation.shingles import CHAR_NGRAMS, KINDS, NORMALIZATION, Shingling
 from marin_assets.pipeline.curation.stage import CurationResult, run_phase
 
-__all__ = ["ALGORITHM", "REASON", "SAMPLE", "STAGE", "FuzzyDedup", "FuzzyDedupResult", "RemovedPair", "fuzzy_dedup",
-           "fuzzy_dedup_step"]
+__all__ = ["ALGORITHM", "CHAR_DEFAULTS", "REASON", "SAMPLE", "STAGE", "WORD_DEFAULTS", "FuzzyDedup",
+           "FuzzyDedupResult", "RemovedPair", "fuzzy_dedup", "fuzzy_dedup_step"]
 
 REASON = "near-duplicate"
 ALGORITHM = {"ngrams": "ngrams.ngram_hashes-v1", "signature": "rensa.RMinHash", "band": "polynomial-splitmix64",
              "candidates": f"pairwise-up-to-{PAIRWISE_GROUP}-else-first", "verify": "ngram-set-jaccard",
              "keep": "earliest-kept-verified-twin"}
 """What decides the output besides the numbers: enters the step's identity (with rensa's algorithm version)."""
+CHAR_ALGORITHM = {"ngrams": "shingles.char_ngram_hashes-v1",
+                  "verify": "ngram-set-jaccard+window-containment-both-ways"}
+"""What the char path (or a window) changes in `ALGORITHM`."""
+WORD_DEFAULTS = {"ngram": 5, "num_perm": 286, "bands": 26, "threshold": 0.8, "normalize_punctuation": False,
+                 "window": 0}
+"""The word path's settings left unset: Marin's word 5-gram recipe, the text read as it is, no windows."""
+CHAR_DEFAULTS = {"ngram": 7, "num_perm": 240, "bands": 60, "threshold": 0.4, "normalize_punctuation": True,
+                 "window": 100}
+"""The char path's: 7-grams (5-grams of distinct English text share too many by chance for the window check),
+bands of 4 rows (a pair at Jaccard 0.5 is a candidate with probability 0.98, at 0.2 with 0.09: 5 % of the
+characters changed leaves a Jaccard of about 0.5), threshold 0.4 on Jaccard and on every window of 100
+characters both ways (measured on the standard library's documentation: copies with 1 to 5 % of their
+characters changed pass, documents sharing Python's licence, or only phrasing, stay below 0.3)."""
 
 
 @dataclass(frozen=True)
@@ -94,9 +116,18 @@ class FuzzyDedupResult(CurationResult):
     """Up to `SAMPLE` removed documents with their kept twin: the least similar half and a spread half."""
 
 
-def _parameter_problem(ngram: int, num_perm: int, bands: int, threshold: float, buckets: int) -> str | None:
+def _parameter_problem(shingles: str, ngram: int, num_perm: int, bands: int, threshold: float, buckets: int,
+                       window: int) -> str | None:
+    if shingles not in KINDS:
+        return f"shingles must be one of {', '.join(map(repr, KINDS))}, got {shingles!r}"
+    low, high = CHAR_NGRAMS
+    if shingles == "char" and not low <= ngram <= high:
+        return (f"a character n-gram must be {low} to {high} characters, got {ngram} (below {low} every text shares"
+                f" most of its n-grams with every other; above {high} one typo hides a sentence of them)")
     if ngram < 1:
         return f"ngram must be at least 1, got {ngram}"
+    if window < 0:
+        return f"window must be 0 (no window check) or a number of n-grams, got {window}"
     if bands < 1 or num_perm < bands or num_perm % bands:
         return f"num_perm {num_perm} must be a positive multiple of bands {bands} (each band takes num_perm/bands rows)"
     if not 0 < threshold <= 1:
@@ -120,36 +151,73 @@ class Clustered:
 
 @dataclass(frozen=True)
 class FuzzyDedup(CurationFilter):
-    """Removes each document verified similar (n-gram Jaccard >= `threshold`) to an earlier kept one."""
+    """Removes each document verified similar (n-gram Jaccard >= `threshold`, and with a `window` every window
+    contained both ways) to an earlier kept one. Settings left None take `shingles`' defaults
+    (`WORD_DEFAULTS`, `CHAR_DEFAULTS`)."""
 
-    ngram: int = 5
-    num_perm: int = 286
-    bands: int = 26
-    threshold: float = 0.8
+    ngram: int | None = None
+    """Words or characters per n-gram."""
+    num_perm: int | None = None
+    bands: int | None = None
+    threshold: float | None = None
     seed: int = 1
     buckets: int = 16
     """How the band hashes are split for the global grouping: changes how the work is split, not the output."""
+    shingles: str = "word"
+    """`word` or `char` n-grams (`shingles`)."""
+    normalize_punctuation: bool | None = None
+    """Lower-case and turn every non-letter, non-digit into one space first (`shingles.normalize_punctuation`)."""
+    window: int | None = None
+    """N-grams per window of `fuzzy_verify.window_containment` (0: Jaccard alone)."""
     clustered: Clustered | None = None
     """Set by `prepare`: which rows go."""
     name = STAGE
+
+    def __post_init__(self) -> None:
+        defaults = CHAR_DEFAULTS if self.shingles == "char" else WORD_DEFAULTS
+        for name, value in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+
+    @property
+    def shingling(self) -> Shingling:
+        """How a document becomes its n-gram hashes."""
+        assert self.ngram is not None and self.normalize_punctuation is not None
+        return Shingling(self.shingles, self.ngram, self.normalize_punctuation)
 
     def identity(self) -> dict[str, Any]:
         import rensa
 
         algorithm = {**ALGORITHM, "signature": f"{ALGORITHM['signature']}-v{rensa.RMinHash.ALGORITHM_VERSION}"}
-        return {"ngram": self.ngram, "num_perm": self.num_perm, "bands": self.bands, "threshold": self.threshold,
-                "seed": self.seed, "algorithm": algorithm}
+        found = {"ngram": self.ngram, "num_perm": self.num_perm, "bands": self.bands, "threshold": self.threshold,
+                 "seed": self.seed, "algorithm": algorithm}
+        # the word path's defaults add nothing, so its identity stays what it was before these options
+        if self.shingles != "word":
+            found["shingles"] = self.shingles
+            algorithm["ngrams"] = CHAR_ALGORITHM["ngrams"]
+        if self.normalize_punctuation:
+            found["normalize_punctuation"] = True
+            algorithm["normalize"] = NORMALIZATION
+        elif self.shingles != "word":
+            found["normalize_punctuation"] = False
+        if self.window:
+            found["window"] = self.window
+            algorithm["verify"] = CHAR_ALGORITHM["verify"]
+        return found
 
     def problem(self) -> str | None:
         """What is wrong with its parameters, or None."""
-        return _parameter_problem(self.ngram, self.num_perm, self.bands, self.threshold, self.buckets)
+        assert self.ngram is not None and self.num_perm is not None and self.bands is not None
+        assert self.threshold is not None and self.window is not None
+        return _parameter_problem(self.shingles, self.ngram, self.num_perm, self.bands, self.threshold, self.buckets,
+                                  self.window)
 
     def prepare(self, output_path: str, shards: Sequence[Shard], workers: int) -> FuzzyDedup:
         """Phases 1 to 5: candidate pairs from MinHash bands, verified on the text, clustered."""
         keys = [s.key for s in shards]
         buckets = self.buckets
         banded = run_phase(output_path, "bands", list(enumerate(shards)),
-                           functools.partial(band_shard, output_path, self.ngram, self.num_perm, self.bands,
+                           functools.partial(band_shard, output_path, self.shingling, self.num_perm, self.bands,
                                              self.seed, buckets),
                            key_of=lambda item: item[1].key, workers=workers,
                            name=f"{STAGE} bands of {len(shards)} shards")
@@ -162,10 +230,12 @@ class FuzzyDedup(CurationFilter):
         pairs = unique_pairs(*np.concatenate([load_array(output_path, candidates_path(output_path, b))
                                               for b in range(buckets)]).T)
         gather, verify = verification_plan(pairs)
-        run_phase(output_path, "sets", gather, functools.partial(gather_sets, output_path, shards, self.ngram),
+        run_phase(output_path, "sets", gather,
+                  functools.partial(gather_sets, output_path, shards, self.shingling, bool(self.window)),
                   key_of=lambda item: keys[item[0]], workers=workers,
                   name=f"{STAGE} n-gram sets of {len(gather)} shards")
-        run_phase(output_path, "verified", verify, functools.partial(verify_shard, output_path, keys, self.threshold),
+        run_phase(output_path, "verified", verify,
+                  functools.partial(verify_shard, output_path, keys, self.threshold, self.window),
                   key_of=lambda item: keys[item[0]], workers=workers,
                   name=f"{STAGE} verification of {len(pairs)} pairs")
         clustered = run_phase(output_path, "clusters", ["all"],
@@ -198,12 +268,16 @@ class FuzzyDedup(CurationFilter):
                                    removed_sample=[RemovedPair(**p) for p in outcome["sample"]])
 
 
-def fuzzy_dedup(output_path: str, dataset_path: str, ngram: int = 5, num_perm: int = 286, bands: int = 26,
-                threshold: float = 0.8, seed: int = 1, buckets: int = 16, workers: int = 1) -> FuzzyDedupResult:
-    """Remove the near-duplicates of a normalized dataset: MinHash LSH over word `ngram`s proposes pairs,
-    their exact n-gram Jaccard (>= `threshold`) confirms them, and each document with a confirmed pair
-    to an earlier kept one goes. `buckets`: how the band hashes are split for the global grouping."""
-    chosen = FuzzyDedup(ngram, num_perm, bands, threshold, seed, buckets)
+def fuzzy_dedup(output_path: str, dataset_path: str, ngram: int | None = None, num_perm: int | None = None,
+                bands: int | None = None, threshold: float | None = None, seed: int = 1, buckets: int = 16,
+                workers: int = 1, shingles: str = "word", normalize_punctuation: bool | None = None,
+                window: int | None = None) -> FuzzyDedupResult:
+    """Remove the near-duplicates of a normalized dataset: MinHash LSH over word (or, `shingles="char"`,
+    character) `ngram`s proposes pairs, their exact n-gram Jaccard (>= `threshold`; with a `window`, every
+    window contained both ways too) confirms them, and each document with a confirmed pair to an earlier kept
+    one goes. Settings left None take the shingles' defaults (`WORD_DEFAULTS`, `CHAR_DEFAULTS`). `buckets`:
+    how the band hashes are split for the global grouping."""
+    chosen = FuzzyDedup(ngram, num_perm, bands, threshold, seed, buckets, shingles, normalize_punctuation, window)
     problem = chosen.problem()
     if problem:
         raise ValueError(f"{STAGE}: {problem}")
@@ -212,11 +286,13 @@ def fuzzy_dedup(output_path: str, dataset_path: str, ngram: int = 5, num_perm: i
     return result
 
 
-def fuzzy_dedup_step(name: str, dataset: Step, ngram: int = 5, num_perm: int = 286, bands: int = 26,
-                     threshold: float = 0.8, seed: int = 1, buckets: int = 16, workers: int = 1,
-                     max_removed_fraction: float = 0.5) -> Step:
-    """`dataset` (normalized shards) without its near-duplicates; `buckets` and `workers` only change how."""
-    chosen = FuzzyDedup(ngram, num_perm, bands, threshold, seed, buckets)
+def fuzzy_dedup_step(name: str, dataset: Step, ngram: int | None = None, num_perm: int | None = None,
+                     bands: int | None = None, threshold: float | None = None, seed: int = 1, buckets: int = 16,
+                     workers: int = 1, max_removed_fraction: float = 0.5, shingles: str = "word",
+                     normalize_punctuation: bool | None = None, window: int | None = None) -> Step:
+    """`dataset` (normalized shards) without its near-duplicates (`fuzzy_dedup`); `buckets` and `workers` only
+    change how."""
+    chosen = FuzzyDedup(ngram, num_perm, bands, threshold, seed, buckets, shingles, normalize_punctuation, window)
     problem = chosen.problem()
     if problem:
         raise StepDefinitionError(f"fuzzy_dedup step {name!r}: {problem}")

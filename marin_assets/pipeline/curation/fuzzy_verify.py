@@ -1,10 +1,11 @@
 """fuzzy_dedup's verification: which candidate pairs are near duplicates on the text, and which documents go.
 
 Phase 3 (`gather_sets`, per shard holding candidates): their texts read once (only the row groups holding
-them), their n-gram hash sets sent to the verification task of each pair's later document:
-`_work/sets/{shard}/for-{shard}.parquet`, so no task reads another's shards. Phase 4 (`verify_shard`, per
-shard of the pairs' later documents): the exact Jaccard of each pair's sets; pairs at or above the
-threshold, with ids, sources and snippets: `_work/verified/{shard}.parquet`. Phase 5 (`cluster`, once, over
+them), their n-gram hash sets (or, with windows, the n-grams in order) sent to the verification task of
+each pair's later document: `_work/sets/{shard}/for-{shard}.parquet`, so no task reads another's shards.
+Phase 4 (`verify_shard`, per shard of the pairs' later documents): the exact Jaccard of each pair's sets and,
+with a `window`, its least window containment (`window_containment`); pairs at or above the threshold on
+both, with ids, sources and snippets: `_work/verified/{shard}.parquet`. Phase 5 (`cluster`, once, over
 verified pairs only — as many as there are duplicates, not documents): in key order a document is removed
 iff it has a verified pair with an earlier kept document: removal lists `_work/clusters/{shard}.npy`,
 cluster statistics, an audit sample.
@@ -33,8 +34,9 @@ from marin_assets.pipeline.curation.fuzzy_candidates import (
     text_batches,
     unique_pairs,
 )
-from marin_assets.pipeline.curation.ngrams import mix, ngram_hashes
+from marin_assets.pipeline.curation.ngrams import mix
 from marin_assets.pipeline.curation.shards import CurationError, Shard, work_path, write_shard
+from marin_assets.pipeline.curation.shingles import Shingling
 
 SAMPLE = 20
 """Removed pairs kept in the result for a person to audit: half the least similar, half spread."""
@@ -68,11 +70,16 @@ def _snippet(text: str) -> str:
     return " ".join(text[:SNIPPET * 4].split())[:SNIPPET]
 
 
-def ngram_sets(texts: Sequence[str], ngram: int) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct n-gram hashes of each text, sorted, concatenated; offsets): what Jaccard is computed on."""
+def ngram_sets(texts: Sequence[str], shingling: Shingling, in_order: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct n-gram hashes of each text, sorted, concatenated; offsets): what Jaccard is computed on.
+    `in_order`: every n-gram of each text in text order instead (what window containment reads)."""
     values, counts = [], []
     for start, stop in text_batches(pa.chunked_array([pa.array(texts, pa.string())])):
-        hashes, offsets = ngram_hashes(texts[start:stop], ngram)
+        hashes, offsets = shingling.hashes(texts[start:stop])
+        if in_order:
+            values.append(hashes)
+            counts.append(np.diff(offsets))
+            continue
         sizes = np.diff(offsets)
         ordered = np.concatenate([np.sort(hashes[lo:hi]) for lo, hi in itertools.pairwise(offsets.tolist())])
         keep = np.ones(len(ordered), dtype=bool)
@@ -83,6 +90,14 @@ def ngram_sets(texts: Sequence[str], ngram: int) -> tuple[np.ndarray, np.ndarray
     if not values:
         return np.zeros(0, dtype=np.uint64), np.zeros(1, dtype=np.int64)
     return np.concatenate(values), np.concatenate([[0], np.cumsum(np.concatenate(counts))]).astype(np.int64)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values, sorted (a sort and a comparison: faster than `np.unique` on uint64 hashes)."""
+    ordered = np.sort(values)
+    if ordered.size < 2:
+        return ordered
+    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])]
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -99,14 +114,32 @@ def _sets_path(output_path: str, source_key: str, destination_key: str) -> str:
     return work_path(output_path, "sets", source_key, f"for-{destination_key}.parquet")
 
 
-def gather_sets(output_path: str, shards: Sequence[Shard], ngram: int, item: tuple[int, np.ndarray]) -> dict[str, Any]:
+def window_containment(sequence: np.ndarray, other: np.ndarray, window: int) -> float:
+    """The least, over windows of `window` to 2 × `window` - 1 consecutive n-grams of `sequence` (all of it when
+    shorter), of the fraction of the window's n-grams found in `other` (sorted distinct hashes). A copy with
+    noise spread through it keeps every window mostly contained; a distinct document sharing only a long
+    boilerplate has windows (its own text) that are not, whatever its Jaccard."""
+    if not sequence.size:
+        return 1.0 if not other.size else 0.0
+    if not other.size:
+        return 0.0
+    found = other[np.minimum(np.searchsorted(other, sequence), other.size - 1)] == sequence
+    count = max(sequence.size // window, 1)
+    starts = (np.arange(count) * sequence.size) // count
+    sizes = np.diff(np.append(starts, sequence.size))
+    return float((np.add.reduceat(found.astype(np.int64), starts) / sizes).min())
+
+
+def gather_sets(output_path: str, shards: Sequence[Shard], shingling: Shingling, in_order: bool,
+                item: tuple[int, np.ndarray]) -> dict[str, Any]:
     """Phase 3: one shard's documents that take part in candidate pairs, read and hashed once, their n-gram
-    sets sent to each verification task that needs them (the task of the pair's later document's shard)."""
+    sets (`in_order`: sequences) sent to each verification task that needs them (the task of the pair's later
+    document's shard)."""
     ordinal, needs = item  # (document, destination shard ordinal) rows
     docs = np.unique(needs[:, 0])
     table = _read_rows(shards[ordinal].path, (docs & ROW_MASK).astype(np.int64), ["id", "text", "source"])
     texts = table.column("text").to_pylist()
-    values, offsets = ngram_sets(texts, ngram)
+    values, offsets = ngram_sets(texts, shingling, in_order)
     sets = pa.table({"doc": pa.array(docs, pa.uint64()), "id": table.column("id"), "source": table.column("source"),
                      "snippet": pa.array([_snippet(t) for t in texts], pa.string()),
                      "ngrams": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint64()))})
@@ -124,9 +157,10 @@ def _verified_path(output_path: str, shard_key: str) -> str:
     return work_path(output_path, "verified", f"{shard_key}.parquet")
 
 
-def verify_shard(output_path: str, keys: list[str], threshold: float,
-                  item: tuple[int, np.ndarray, list[int]]) -> dict[str, Any]:
-    """Phase 4: the candidate pairs whose later document is in one shard, checked on their n-gram sets."""
+def verify_shard(output_path: str, keys: list[str], threshold: float, window: int,
+                 item: tuple[int, np.ndarray, list[int]]) -> dict[str, Any]:
+    """Phase 4: the candidate pairs whose later document is in one shard, checked on their n-gram sets: Jaccard
+    >= `threshold` and, with a `window` (> 0), each document's `window_containment` in the other too."""
     ordinal, pairs, sources = item
     paths = [_sets_path(output_path, keys[s], keys[ordinal]) for s in sources]
     sets = pa.concat_tables([read_work_table(output_path, p) for p in paths])
@@ -137,9 +171,15 @@ def verify_shard(output_path: str, keys: list[str], threshold: float,
     if len(pairs) and not ((docs[np.minimum(at_a, len(docs) - 1)] == pairs[:, 0]).all()
                            and (docs[np.minimum(at_b, len(docs) - 1)] == pairs[:, 1]).all()):
         raise missing_work(output_path, ", ".join(paths))
-    similarity = np.array([jaccard(values[offsets[i]:offsets[i + 1]], values[offsets[j]:offsets[j + 1]])
+    texts = {i: values[offsets[i]:offsets[i + 1]] for i in np.unique(np.append(at_a, at_b)).tolist()}
+    distinct = {i: _distinct(v) for i, v in texts.items()} if window else texts  # window: texts hold sequences
+    similarity = np.array([_jaccard_from(distinct[i], distinct[j], threshold)
                            for i, j in zip(at_a.tolist(), at_b.tolist(), strict=True)], dtype=np.float64)
     keep = similarity >= threshold
+    for k in np.flatnonzero(keep).tolist() if window else ():
+        i, j = int(at_a[k]), int(at_b[k])
+        keep[k] = min(window_containment(texts[i], distinct[j], window),
+                      window_containment(texts[j], distinct[i], window)) >= threshold
     kept = {side: pa.array(at[keep]) for side, at in (("a", at_a), ("b", at_b))}
     table = pa.table({
         "a": pa.array(pairs[keep, 0], pa.uint64()), "b": pa.array(pairs[keep, 1], pa.uint64()),
@@ -148,6 +188,15 @@ def verify_shard(output_path: str, keys: list[str], threshold: float,
            for side in "ab" for name in ("id", "source", "snippet")}})
     write_shard(table, _verified_path(output_path, keys[ordinal]))
     return {"candidates": len(pairs), "verified": int(keep.sum())}
+
+
+def _jaccard_from(a: np.ndarray, b: np.ndarray, threshold: float) -> float:
+    """`jaccard(a, b)`, or 0 without comparing when the sizes alone keep it below `threshold` (Jaccard is at most
+    the smaller set's size over the larger's; the margin keeps a pair exactly at the threshold compared)."""
+    small, large = sorted((a.size, b.size))
+    if small < threshold * large * (1 - 1e-9):
+        return 0.0
+    return jaccard(a, b)
 
 
 def _components(a: list[int], b: list[int]) -> list[int]:

@@ -6,6 +6,7 @@ so accented and non-Latin words stay whole); everything else separates words. Ea
 Python object per word), mixed by splitmix64; an n-gram's hash combines its words' hashes the
 same way. Documents with fewer than `n` words get one hash of all their words; empty ones none.
 The same text gives the same hashes on every machine and run (no seeds from the process).
+`combine_ngrams` makes n-grams of any units' hashes (`shingles` uses it for character n-grams).
 """
 
 from __future__ import annotations
@@ -68,7 +69,15 @@ def ngram_hashes(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     """(hash of every word n-gram, uint64; offsets per document as in `word_hashes`)."""
     if n < 1:
         raise ValueError(f"n-gram size must be at least 1, got {n}")
-    words, offsets = word_hashes(texts)
+    return combine_ngrams(*word_hashes(texts), n)
+
+
+def combine_ngrams(words: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hash of every n-gram of consecutive units, uint64; offsets per document) from the units' hashes
+    (`words`, document i's units at [offsets[i], offsets[i+1])): words for `ngram_hashes`, characters for
+    `shingles`. A document with fewer than `n` units gets one hash of all of them; an empty one none."""
+    if n < 1:
+        raise ValueError(f"n-gram size must be at least 1, got {n}")
     counts = np.diff(offsets)
     total = len(words)
     with np.errstate(over="ignore"):
