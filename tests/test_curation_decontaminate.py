@@ -1,22 +1,30 @@
 """decontaminate on the planted corpus: every planted evaluation paragraph found and traced to its record, near
 misses and clean documents untouched; the three modes; exact confirmation of Bloom hits; the threshold; the same
-output fanned out and after a kill; bad input; identity; the step through the protocol."""
+output fanned out and after a kill; bad input; identity; the step through the protocol. Re-wrapped text:
+evaluation paragraphs hard-wrapped into short lines (widths, trailing spaces, CRLF) caught line by line through
+Dagster where the old path saw only lines of 13 words or more; the old output where nothing is re-wrapped; and on
+real documentation contaminated as it is written (hard-wrapped docstrings), exactly the lines an independent
+reference of the rule removes, none without evaluation text."""
 
 import functools
+import gzip
 import json
 import re
 import shutil
 import sys
+import textwrap
 from pathlib import Path
 
+import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from marin_assets import Step, StepDefinitionError, materialize_step
+from marin_assets import Step, StepDefinitionError, build_definitions, materialize_step
 from marin_assets.core.checks import run_check
 from marin_assets.core.record import load_result, read_record
 from marin_assets.pipeline.curation import eval_index
 from marin_assets.pipeline.curation.decontaminate import (
+    ACROSS,
     CONTAMINATION_DIR,
     MARK_COLUMN,
     DecontaminationResult,
@@ -27,7 +35,7 @@ from marin_assets.pipeline.curation.decontaminate import (
 )
 from marin_assets.pipeline.curation.eval_index import hash_in_chunks
 from marin_assets.pipeline.curation.ngrams import ngram_hashes
-from marin_assets.pipeline.curation.normalize import normalize
+from marin_assets.pipeline.curation.normalize import normalize, normalize_step
 from marin_assets.pipeline.curation.shards import CurationError, list_shards
 from tests.support.curation import documents, id_counts, kill_when
 from tests.support.helpers import FAST, subprocess_env
@@ -199,6 +207,7 @@ def test_identity_holds_the_eval_sets_and_parameters_not_the_workers():
     same = [step(workers=4), step(false_positive_rate=0.1), step(max_removed_fraction=0.9)]
     assert {s.hash for s in same} == {base.hash}
     changed = [step(ngram=8), step(threshold=0.8), step(mode="mark"), step(paragraph_separator="\n\n"),
+               step(across_paragraphs=False),
                step(eval_sets=[EvalSet("qa", evals, ("other.jsonl",))]),
                step(eval_sets=[EvalSet("qb", evals, ("qa.jsonl",))]),
                step(eval_sets=[EvalSet("qa", evals, ("qa.jsonl",), text_field="question")]),
@@ -210,6 +219,12 @@ def test_identity_holds_the_eval_sets_and_parameters_not_the_workers():
         step(threshold=0)
     with pytest.raises(StepDefinitionError, match=r"evaluation set names repeat"):
         step(eval_sets=[qa, qa])
+    with pytest.raises(StepDefinitionError, match=r"across_paragraphs must be True or False, got 'yes'"):
+        step(across_paragraphs="yes")
+    # re-wrapped text is caught by default (a new output, a new identity); off, the identity is the one from
+    # before the option, whose output it still makes (test_without_rewrapping_the_output_is_the_old_one)
+    assert base.hash_attrs["across_paragraphs"] == ACROSS
+    assert "across_paragraphs" not in step(across_paragraphs=False).hash_attrs
 
 
 def test_two_workers_on_ray_give_the_same_output(planted, decontaminated, local_ray, tmp_path):
@@ -302,3 +317,253 @@ def test_the_step_through_the_protocol_records_its_counts_and_passes_its_check(p
     assert check.passed and f"of {record.result['documents_in']} documents" in check.message
     strict = decontaminate_step("curated/planted-decontaminated", data, sets, max_removed_fraction=0.01)
     assert not run_check(strict.checks[0], outcome.output_path, record.result).passed
+
+
+# --- re-wrapped text -------------------------------------------------------------------------------------------
+
+WORD = re.compile(r"[a-z0-9\u0080-\U0010ffff]+")
+"""A word as `ngrams` counts one, on lowercased text."""
+WRAPS = {  # name: (width, line end, trailing spaces)
+    "width-20": (20, "\n", ""), "width-40": (40, "\n", ""), "width-60": (60, "\n", ""), "width-80": (80, "\n", ""),
+    "width-100": (100, "\n", ""), "trailing-spaces": (50, "\n", "  "), "crlf": (60, "\r\n", ""),
+    "crlf-trailing-spaces": (30, "\r\n", " "),
+}
+
+
+def words(text: str) -> list[str]:
+    return WORD.findall(text.lower())
+
+
+def rewrapped_corpus(planted) -> tuple[list[str], list[tuple[str, str, int, set[int]]]]:
+    """Real documentation (the planted corpus' clean base documents, blank-line paragraphs of hard-wrapped lines)
+    carrying planted evaluation records re-wrapped each way of `WRAPS`: once between two paragraphs, once as the
+    last; and clean documents. The texts, and per carrier (text, set, record line, positions of the record's lines
+    in `text.split("\n")`)."""
+    truth = planted.truth
+    base = {row["id"]: row["text"] for row in documents(planted.normalized)}
+    carriers = [base[i] for i in truth.base_ids if base[i].count("\n\n") >= 2][:2 * len(WRAPS) + 8]
+    texts, planted_in = [], []
+    for k, (width, end, trailing) in enumerate(v for v in WRAPS.values() for _ in range(2)):
+        name = sorted(truth.eval_sets)[(k + k // 2) % 2]  # each set in both places
+        line = 1 + (7 * k) % 40
+        record = [row + trailing for row in textwrap.wrap(eval_record(truth.eval_sets[name], line), width,
+                                                          break_long_words=False, break_on_hyphens=False)]
+        paragraphs = [p.split("\n") for p in carriers[k].split("\n\n")]
+        cut = 1 if k % 2 == 0 else len(paragraphs)  # between the first two paragraphs, or the last
+        lines = [row for p in paragraphs[:cut] for row in [*p, ""]] + record
+        lines += [row for p in paragraphs[cut:] for row in ["", *p]]
+        start = sum(len(p) + 1 for p in paragraphs[:cut])
+        text = end.join(lines)
+        texts.append(text)
+        planted_in.append((text, name, line, set(range(start, start + len(record)))))
+    return texts + carriers[2 * len(WRAPS):], planted_in
+
+
+def _write_raw(texts: list[str], output_path: str) -> None:
+    folder = Path(output_path, "train")
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(folder / "part-00000.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"text": text}) + "\n" for text in texts)
+
+
+def test_rewrapped_evaluation_paragraphs_are_caught_line_by_line_through_dagster(planted, tmp_path, prefix,
+                                                                                 local_ray, dagster_home):
+    texts, carriers = rewrapped_corpus(planted)
+    raw = Step(name="raw/rewrapped", fn=functools.partial(_write_raw, texts), hash_attrs={"texts": len(texts)})
+    data = normalize_step("curated/rewrapped", raw, target_shard_bytes=20_000)
+    sets = [EvalSet(name, planted.step, (f"evalsets/{name}.jsonl",)) for name in planted.truth.eval_sets]
+    step = decontaminate_step("curated/rewrapped-decontaminated", data, sets)
+    result = build_definitions([step]).resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=dg.DagsterInstance.get())
+    assert result.success
+    metadata = {e.asset_key.to_user_string(): e for e in result.get_asset_materialization_events()}[step.name]
+    assert sorted(r.data["name"] for r in metadata.materialization.metadata["result.removed"].records) == sorted(
+        planted.truth.eval_sets)
+    old = str(tmp_path / "old")
+    decontaminate(old, data.output_path, eval_sets_of(planted), across_paragraphs=False)
+
+    new_after = {row["id"]: row["text"] for row in documents(step.output_path)}
+    old_after = {row["id"]: row["text"] for row in documents(old)}
+    ids = {row["text"]: row["id"] for row in documents(data.output_path)}
+    side = {(row["id"], row["paragraph"]): row for row in side_rows(step.output_path)}
+    caught: dict[str, list[int]] = {name: [0, 0, 0] for name in WRAPS}  # lines with a word; caught before, now
+    expected_side = set()
+    short_lines = 0
+    for (text, name, line, positions), wrap in zip(carriers, [w for w in WRAPS for _ in range(2)], strict=True):
+        parts = text.split("\n")
+        record = [j for j in sorted(positions) if words(parts[j])]  # a line of punctuation only has nothing to judge
+        long = [j for j in record if len(words(parts[j])) >= 13]
+        short_lines += len(record) - len(long)
+        # now: every line of the record goes, nothing else (the blank lines around it stay)
+        assert new_after[ids[text]] == "\n".join(p for j, p in enumerate(parts) if j not in record), wrap
+        # before: only the lines of 13 words or more, which hold n-grams of their own
+        assert old_after[ids[text]] == "\n".join(p for j, p in enumerate(parts) if j not in long), wrap
+        caught[wrap] = [caught[wrap][0] + len(record), caught[wrap][1] + len(long), caught[wrap][2] + len(record)]
+        for j in record:
+            row = side[(ids[text], j)]
+            assert (row["eval_set"], row["eval_record"], row["overlap"]) == (name, line, 1.0)
+            expected_side.add((ids[text], j))
+    assert set(side) == expected_side, "nothing else is listed"
+    clean = texts[len(carriers):]
+    assert clean and all(new_after[ids[t]] == t == old_after[ids[t]] for t in clean)
+    assert sum(c[1] for c in caught.values()) < sum(c[0] for c in caught.values()) // 4
+    assert caught["width-20"][1] == caught["width-40"][1] == 0 < caught["width-20"][0]
+    recorded = load_result(step.output_path, DecontaminationResult)
+    assert recorded.across_paragraphs and recorded.counters["paragraphs_across"] == short_lines
+    assert {name: (r.documents, r.modified) for name, r in recorded.removed.items()} == {
+        name: (0, len(carriers) // 2) for name in planted.truth.eval_sets}
+    print("\nre-wrapped evaluation paragraphs, lines caught (before → now): " + ", ".join(
+        f"{name} {before}→{now}/{total}" for name, (total, before, now) in caught.items()))
+
+
+def test_without_rewrapping_the_output_is_the_old_one(planted, decontaminated, tmp_path):
+    """The planted corpus holds its evaluation paragraphs one per line (no re-wrapping): the default and the old
+    path (`across_paragraphs=False`) write the same documents and side index and count the same."""
+    out, result = decontaminated
+    old = str(tmp_path / "old")
+    before = decontaminate(old, planted.normalized, eval_sets_of(planted), across_paragraphs=False)
+    assert contents(old) == contents(out)
+    counters = dict(result.counters)
+    assert counters.pop("paragraphs_across") == 0 and counters.pop("ngrams_across") > 0
+    assert same_result(before, DecontaminationResult(**{**result.__dict__, "counters": counters,
+                                                        "across_paragraphs": False}))
+    assert result.across_paragraphs and not before.across_paragraphs
+
+
+def reference_removals(text: str, grams: set[tuple[str, ...]], whole: set[tuple[str, ...]], n: int = 13,
+                       threshold: float = 0.5) -> list[int]:
+    """The rule, written out slowly in Python: the lines (by position) the default removes. A line of n words or
+    more: at least `threshold` of its own n-grams are an evaluation set's; a shorter one: it is an evaluation
+    record whole, or at least `threshold` of its words lie inside evaluation n-grams of the document's word
+    stream (n-grams across line breaks)."""
+    lines = [words(p) for p in text.split("\n")]
+    stream = [w for line in lines for w in line]
+    inside = [False] * len(stream)
+    for i in range(len(stream) - n + 1):
+        if tuple(stream[i:i + n]) in grams:
+            inside[i:i + n] = [True] * n
+    if 0 < len(stream) < n and tuple(stream) in whole:
+        inside = [True] * len(stream)
+    removed, at = [], 0
+    for j, line in enumerate(lines):
+        own = [tuple(line[i:i + n]) in grams for i in range(len(line) - n + 1)]
+        if own:
+            hit = sum(own) / len(own) >= threshold
+        else:
+            covered = sum(inside[at:at + len(line)]) / max(len(line), 1)
+            hit = bool(line) and (tuple(line) in whole or (covered > 0 and covered >= threshold))
+        if hit:
+            removed.append(j)
+        at += len(line)
+    return removed
+
+
+def test_on_real_documentation_exactly_the_contaminated_lines_go(planted, tmp_path):
+    """Contamination as real text holds it: 40 paragraphs of the documentation, hard-wrapped as written, are the
+    evaluation set, and the planted corpus (those documents, their copies, and the rest) is decontaminated. What
+    goes is exactly what the reference of the rule says, every line of every paragraph in its document, and no
+    line without a word of evaluation text; the old path saw only the few lines of 13 words or more."""
+    truth = planted.truth
+    rows = documents(planted.normalized)
+    base = {row["id"]: row["text"] for row in rows}
+    wrapped = [[p for p in base[i].split("\n\n") if len(words(p)) >= 25 and "\n" in p.strip()]
+               for i in truth.base_ids[::5]]
+    chosen = [paragraphs[0] for paragraphs in wrapped if paragraphs]
+    assert len(chosen) == 40
+    path = tmp_path / "real.jsonl"
+    path.write_text("".join(json.dumps({"text": p}) + "\n" for p in chosen))
+    new, old = str(tmp_path / "new"), str(tmp_path / "old")
+    decontaminate(new, planted.normalized, {"real": [str(path)]})
+    decontaminate(old, planted.normalized, {"real": [str(path)]}, across_paragraphs=False)
+    new_after = {row["id"]: row["text"] for row in documents(new)}
+    old_after = {row["id"]: row["text"] for row in documents(old)}
+
+    records = [words(p) for p in chosen]
+    grams = {tuple(r[i:i + 13]) for r in records for i in range(len(r) - 12)}
+    lines_removed = words_removed = outside = 0
+    for row in rows:
+        parts = row["text"].split("\n")
+        gone = reference_removals(row["text"], grams, set())
+        assert new_after[row["id"]] == "\n".join(p for j, p in enumerate(parts) if j not in gone), row["id"]
+        stream = words(row["text"])
+        inside = [False] * len(stream)
+        for i in range(len(stream) - 12):
+            if tuple(stream[i:i + 13]) in grams:
+                inside[i:i + 13] = [True] * 13
+        at = 0
+        for j, p in enumerate(parts):
+            n = len(words(p))
+            if j in gone:
+                assert any(inside[at:at + n]), f"{row['id']} line {j} holds no evaluation text: {p!r}"
+                lines_removed += 1
+                words_removed += n
+                outside += n - sum(inside[at:at + n])
+            at += n
+    expected = caught_before = caught_now = 0
+    for p in chosen:
+        for row in rows:
+            if p in row["text"]:
+                lines = [q for q in p.split("\n") if words(q)]
+                expected += len(lines)
+                caught_now += sum(q not in new_after[row["id"]].split("\n") for q in lines)
+                caught_before += sum(q not in old_after[row["id"]].split("\n") for q in lines)
+    assert caught_now == expected > 300
+    assert caught_before < expected // 10
+    assert outside <= words_removed // 50, "the lines that go are evaluation text, a few words at their edges aside"
+    print(f"\nreal documentation, 40 hard-wrapped paragraphs: lines of them caught {caught_before}/{expected} before,"
+          f" {caught_now}/{expected} now; removed {lines_removed} lines, {words_removed} words, {outside} of them"
+          f" outside evaluation n-grams (partly copied lines)")
+
+
+def test_a_short_line_goes_when_half_its_words_lie_in_evaluation_ngrams(planted, tmp_path):
+    """The rule at its edges: a line whose words are mostly inside evaluation n-grams across its breaks goes, one
+    mostly of its own stays; a short document wrapped over lines is matched whole against a short record; a line
+    of punctuation only stays; long lines are judged on their own n-grams as before."""
+    record = eval_record(planted.truth.eval_sets["stdlib-qa"], 3)
+    r = record.split()
+    assert len(words(" ".join(r[:20]))) == 20, "the premise: the record's first 20 tokens are one word each"
+    short = "What is the capital city of France"
+    evals = tmp_path / "evals.jsonl"
+    evals.write_text(json.dumps({"text": record}) + "\n" + json.dumps({"text": short}) + "\n")
+    own = "alpha bravo charlie delta"
+    texts = [
+        f"An opening line of its own.\n{own[:-6]} {' '.join(r[:4])}\n{' '.join(r[4:11])}\n{' '.join(r[11:20])}\n--",
+        f"An opening line of its own.\n{own} {' '.join(r[:3])}\n{' '.join(r[3:11])}\n{' '.join(r[11:20])}",
+        "What is the capital\ncity of France?",
+        "Q: What is the capital\ncity of France?",
+    ]
+    raw = tmp_path / "raw" / "train"
+    raw.mkdir(parents=True)
+    (raw / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    data = str(tmp_path / "data")
+    normalize(data, str(tmp_path / "raw"))
+    out = str(tmp_path / "out")
+    result = decontaminate(out, data, {"qa": [str(evals)]})
+    after = {row["text"] for row in documents(out)}
+    # 3 own words + 4 of the record (4/7 inside): goes; 4 own + 3 of the record (3/7): stays; "--": stays
+    assert "An opening line of its own.\n--" in after
+    assert f"An opening line of its own.\n{own} {' '.join(r[:3])}" in after
+    assert texts[3] in after and texts[2] not in after, "the short document, matched whole, is removed"
+    assert result.documents_out == 3 and result.removed["qa"].documents == 1
+    assert result.counters["paragraphs_across"] == 3 + 2 + 2
+
+
+def test_blank_line_paragraphs_would_miss_glued_paragraphs_and_take_their_neighbours(planted, tmp_path):
+    """Why lines stay the unit: with paragraphs between blank lines (the other way to see across line breaks),
+    an evaluation paragraph glued to its carrier's last paragraph (one line break, as the planted ones are) is
+    judged with the carrier's text: most are missed, and those caught take carrier text with them. The default
+    catches every one and keeps every carrier's own text (test_remove_paragraph_keeps_the_carriers_own_text)."""
+    out = str(tmp_path / "blank-lines")
+    decontaminate(out, planted.normalized, eval_sets_of(planted), paragraph_separator="\n\n",
+                  across_paragraphs=False)
+    after = {row["id"]: row["text"] for row in documents(out)}
+    before = {row["id"]: row["text"] for row in documents(planted.normalized)}
+    caught = taken = 0
+    for c in planted.truth.contaminated:
+        record = eval_record(planted.truth.eval_sets[c.eval_set], c.eval_record)
+        if record not in after[c.id]:
+            caught += 1
+            taken += len(before[c.id]) - len(record) - 1 - len(after[c.id])
+    assert caught < len(planted.truth.contaminated) // 2 and taken > 0
+    print(f"\nblank-line paragraphs: caught {caught}/{len(planted.truth.contaminated)} planted evaluation paragraphs,"
+          f" taking {taken} characters of their carriers with them")
