@@ -3,6 +3,7 @@ copy kept; paragraphs; the same output however it is split or fanned out, after 
 
 import collections
 import functools
+import json
 import re
 import shutil
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import xxhash
 
 from marin_assets import Step, materialize_step
 from marin_assets.core.checks import run_check
@@ -19,8 +21,11 @@ from marin_assets.pipeline.curation.exact_dedup import (
     ALL_PARAGRAPHS,
     DUPLICATE,
     DUPLICATE_PARAGRAPH,
+    ENTRIES_PER_BUCKET,
+    MAX_BUCKETS,
     SAMPLES,
     ExactDedupResult,
+    default_buckets,
     exact_dedup,
     exact_dedup_step,
 )
@@ -177,6 +182,78 @@ def test_the_output_does_not_depend_on_buckets_and_a_rerun_reads_the_finished_wo
     assert {p: p.stat().st_mtime_ns for p in Path(out).rglob("*") if p.is_file()} == mtimes, "nothing redone"
 
 
+def hashed_reference(dataset: str) -> list[tuple[str, str]]:
+    """(id, text) that paragraph dedup must keep, from plain Python sets of xxh3-128 digests of the texts and of
+    their paragraphs, one pass in input order (independent of the stage's files, sorting and buckets)."""
+    seen: set[bytes] = set()
+    seen_paragraphs: set[bytes] = set()
+    kept = []
+    for row in documents(dataset):
+        digest = xxhash.xxh3_128_digest(row["text"].encode())
+        if digest in seen:
+            continue
+        seen.add(digest)
+        pieces = []
+        for piece in row["text"].split("\n"):
+            if piece.strip():
+                digest = xxhash.xxh3_128_digest(piece.encode())
+                if digest in seen_paragraphs:
+                    continue
+                seen_paragraphs.add(digest)
+            pieces.append(piece)
+        if any(p.strip() for p in pieces):
+            kept.append((row["id"], "\n".join(pieces)))
+    return kept
+
+
+def test_any_bucket_count_keeps_what_a_set_of_hashes_keeps_and_reuses_the_hashes(planted, tmp_path):
+    """The hashes are written once per shard, sorted under a prefix index; buckets are hash ranges read from it
+    (1; 7: ranges cutting index cells; 100: more buckets than any shard has cells), so changing the bucket count
+    redoes only the bucket and shard phases, and the output is the same."""
+    out = tmp_path / "out"
+    expected = hashed_reference(planted.normalized)
+    assert len(expected) < len(documents(planted.normalized))
+    hashes = out / "_work" / "hashes"
+    results, mtimes = [], None
+    for buckets in (1, 7, 100):
+        shutil.rmtree(out / "_work" / "shards", ignore_errors=True)
+        for shard in list_shards("test", planted.normalized):
+            Path(shard.output_under(str(out))).unlink(missing_ok=True)
+        results.append(exact_dedup(str(out), planted.normalized, paragraphs=True, buckets=buckets))
+        assert id_and_text(str(out)) == expected, f"{buckets} buckets"
+        assert len(list((out / "_work" / f"duplicates-{buckets}").glob("*.json"))) == buckets
+        now = {p: p.stat().st_mtime_ns for p in hashes.iterdir()}
+        assert mtimes is None or now == mtimes, "the hashes of the first run are read again, not redone"
+        mtimes = now
+    assert results[0] == results[1] == results[2]
+    outcomes = [json.loads(p.read_text()) for p in hashes.glob("*.json")]
+    assert 4 <= max(o["index_bits"] for o in outcomes) <= 6, "the prefix index is exercised, with under 100 cells"
+    assert sum(o["entries"] for o in outcomes) == len(documents(planted.normalized)) + results[0].counters["paragraphs"]
+
+
+def test_default_buckets_hold_a_bounded_number_of_hashes_and_one_per_worker():
+    assert default_buckets(0, 1) == default_buckets(ENTRIES_PER_BUCKET, 1) == 1
+    assert default_buckets(ENTRIES_PER_BUCKET + 1, 1) == 2
+    assert default_buckets(10, 4) == 4
+    assert default_buckets(ENTRIES_PER_BUCKET * MAX_BUCKETS * 2, 1) == MAX_BUCKETS
+
+
+def test_a_hash_file_lost_between_phases_is_named(tmp_path):
+    texts = ["alpha", "beta", "alpha", "gamma"]
+    data = tmp_path / "data"
+    for index in range(2):
+        write_shard(pa.table({"id": [document_id(t) for t in texts], "text": texts,
+                              "source": [f"f{index}:{i + 1}" for i in range(4)]}),
+                    str(data / "train" / f"part-{index:05d}.parquet"))
+    out = tmp_path / "out"
+    assert exact_dedup(str(out), str(data), buckets=2).documents_out == 3
+    lost = out / "_work" / "hashes" / "train-00001.hashes"
+    lost.unlink()
+    with pytest.raises(CurationError, match=rf"^exact_dedup: hash file {re.escape(str(lost))} is missing \(was"
+                                            r" `_work` removed part-way through a run\?\)"):
+        exact_dedup(str(out), str(data), buckets=3)
+
+
 def test_identity_follows_paragraph_settings_not_buckets_or_workers(planted):
     data = Step(name="curated/data", fn=lambda out: None, hash_attrs={"v": 1})
     base = exact_dedup_step("curated/dedup", data)
@@ -198,7 +275,8 @@ def test_two_workers_on_ray_give_the_same_output(planted, deduped, local_ray, tm
     assert exact_dedup(fanned, planted.normalized, workers=2) == ExactDedupResult(**{**result.__dict__,
                                                                                       "path": fanned})
     assert documents(fanned) == documents(out)
-    assert list(Path(fanned, "_work", "hashes-16").glob("*.claim")), "the items went through Ray's fan-out claims"
+    assert list(Path(fanned, "_work", "hashes").glob("*.claim")), "the items went through Ray's fan-out claims"
+    assert len(list(Path(fanned, "_work", "duplicates-2").glob("*.json"))) == 2, "by default a bucket per worker"
     assert not list(Path(out, "_work").rglob("*.claim")), "one worker runs in process, without claims"
 
 
@@ -223,12 +301,13 @@ def test_a_killed_run_resumes_without_redoing_finished_work(planted, deduped, tm
     kill_when([sys.executable, "-c", SLOW_REWRITE.format(out=str(out), data=planted.normalized)], str(ready),
               env=subprocess_env())
     work = out / "_work"
-    assert len(list((work / "hashes-16").glob("*.json"))) == len(shards)
-    assert len(list((work / "buckets-16").glob("*.json"))) == 16
+    assert len(list((work / "hashes").glob("*.json"))) == len(shards)
+    assert len(list((work / "hashes").glob("*.hashes"))) == len(shards), "one hash file per shard"
+    assert len(list((work / "duplicates-1").glob("*.json"))) == 1, "a small corpus is one bucket by default"
     left = [s for s in shards if not (work / "shards" / f"{s.key}.json").exists()]
     assert left, "killed part-way through the last phase"
     finished = {p: p.stat().st_mtime_ns for p in work.rglob("*") if p.is_file()}
-    assert any("removals-16" in str(p) for p in finished) and any("hashes-16" in str(p) for p in finished)
+    assert any(p.suffix == ".removals" for p in finished) and any(p.suffix == ".hashes" for p in finished)
     finished.update({p: p.stat().st_mtime_ns for s in shards if s not in left
                      for p in [Path(s.output_under(str(out)))]})
 

@@ -10,33 +10,39 @@ paragraph seen before is taken out (`duplicate paragraph`), the document keeping
 as they were (and its `id`, the hash of its original text, so ids still name the input's documents),
 and a document left with no paragraph is removed (`all paragraphs duplicated`).
 
-No process holds the whole corpus. Three resumable phases (`stage.run_phase`), each fanned out:
+No process holds the whole corpus. Three resumable phases (`stage.run_phase`), each fanned out, with
+one bookkeeping file per item (each file costs an open and an fsync: one file per shard and bucket once cost
+more than reading, hashing and writing the shards):
 
-1. `hashes-{B}`, per shard: hash its documents (and paragraphs) into B bucket files (a hash's bucket
-   is its high 64 bits modulo B) of `ENTRY` rows — `_work/hashes-{B}/{shard}/bucket-NNNNN.npy`;
-2. `buckets-{B}`, per bucket: load that bucket from every shard, sort (hash, then position), and
-   write which rows and paragraphs repeat an earlier one, per shard —
-   `_work/removals-{B}/{shard}/bucket-NNNNN.npy` (`REMOVAL` rows), for the shards that have some;
+1. `hashes`, per shard: hash its documents (and paragraphs) into one file, `_work/hashes/{shard}.hashes`:
+   an index of `2**bits + 1` offsets (where each `bits`-bit prefix of the hash's high half starts), then its
+   `ENTRY` rows sorted by that high half. Nothing in it depends on the bucket count;
+2. `duplicates-{B}`, per bucket: bucket b of B holds the hashes whose high half lies in
+   `[b * 2**64 // B, (b + 1) * 2**64 // B)`, read from every shard's file as one byte range found in its
+   index; sorted (hash, then position), every entry after the first of its hash repeats an earlier one.
+   Its removals, grouped by shard, go to one file `_work/duplicates-{B}/bucket-NNNNN.removals`
+   (`REMOVAL` rows), each shard's row range in the bucket's outcome;
 3. `shards`, per shard: rewrite it without them (`filters.run_filter`: phases 1 and 2 are the filter's
-   `prepare`, its verdicts come from the shard's removals).
+   `prepare`, its verdicts come from its byte ranges of the buckets' removal files).
 
-B is in the work folders' names, so a re-run with another bucket count never mixes the two.
+B (`buckets`; by default enough buckets to hold `ENTRIES_PER_BUCKET` hashes each, and at least one per
+worker) is in the second phase's folder name, so a re-run with another bucket count never mixes the two.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import xxhash
 
-from marin_assets.core.files import atomic_write, read_bytes
+from marin_assets.core.files import atomic_write
 from marin_assets.core.step import Step, made_by
 from marin_assets.pipeline.curation.filters import CurationFilter, Verdicts, filter_step, run_filter
 from marin_assets.pipeline.curation.shards import CurationError, Shard, read_shard, work_path
@@ -53,8 +59,17 @@ ENTRY = np.dtype([("hi", "<u8"), ("lo", "<u8"), ("shard", "<i4"), ("row", "<i4")
 """One hashed document or paragraph: its hash (two halves), and where it is (shard = position in `list_shards`)."""
 REMOVAL = np.dtype([("row", "<i4"), ("paragraph", "<i4")])
 """A row of one shard to remove (`paragraph` WHOLE), or one of its paragraphs (index in `text.split(separator)`)."""
+OFFSET = np.dtype("<u8")
+"""An entry of a hash file's prefix index."""
+HASH_PHASE = "hashes"
+MAX_INDEX_BITS = 16
+ENTRIES_PER_CELL = 16
+"""A hash file's index has about one offset per this many entries (at most `2**MAX_INDEX_BITS + 1`)."""
+ENTRIES_PER_BUCKET = 1 << 23
+"""The default bucket count gives each bucket about this many hashes at most (28 bytes each: ~235 MB)."""
 SAMPLES = 20
 MAX_BUCKETS = 1 << 16
+TWO_64 = 1 << 64
 
 
 @dataclass(frozen=True)
@@ -88,35 +103,38 @@ class ExactDedupResult(CurationResult):
     """The first (in input order) few documents removed as duplicates, at most `SAMPLES`."""
 
 
-def _check_arguments(paragraph_separator: str, buckets: int) -> None:
+def _check_arguments(paragraph_separator: str, buckets: int | None) -> None:
     if not isinstance(paragraph_separator, str) or not paragraph_separator:
         raise ValueError(f"{STAGE}: paragraph_separator must be a non-empty string, got {paragraph_separator!r}")
-    if not 1 <= buckets <= MAX_BUCKETS:
+    if buckets is not None and not 1 <= buckets <= MAX_BUCKETS:
         raise ValueError(f"{STAGE}: buckets must be between 1 and {MAX_BUCKETS}, got {buckets}")
 
 
-def _npy(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
+def _hash_path(output_path: str, shard_key: str) -> str:
+    return work_path(output_path, HASH_PHASE, f"{shard_key}.hashes")
 
 
-def _load(path: str, dtype: np.dtype, what: str) -> np.ndarray:
-    data = read_bytes(path)
-    if data is None:
-        raise CurationError(f"{STAGE}: {what} {path} is missing (was `_work` removed part-way through a run?)")
-    array = np.load(io.BytesIO(data), allow_pickle=False)
-    if array.dtype != dtype:
-        raise CurationError(f"{STAGE}: {what} {path} holds {array.dtype}, not {dtype}")
-    return array
+def _removal_path(output_path: str, buckets: int, bucket: int) -> str:
+    return work_path(output_path, f"duplicates-{buckets}", f"bucket-{bucket:05d}.removals")
 
 
-def _hash_path(output_path: str, buckets: int, shard_key: str, bucket: int) -> str:
-    return work_path(output_path, f"hashes-{buckets}", shard_key, f"bucket-{bucket:05d}.npy")
+def _read_range(path: str, start: int, stop: int, what: str) -> bytes:
+    """Bytes `[start, stop)` of a bookkeeping file (one ranged read, also on object stores)."""
+    fs, local = fsspec.core.url_to_fs(path)
+    try:
+        data: bytes = fs.cat_file(local, start=start, end=stop) if stop > start else b""
+    except FileNotFoundError:
+        raise CurationError(f"{STAGE}: {what} {path} is missing (was `_work` removed part-way through a run?)"
+                            ) from None
+    if len(data) != stop - start:
+        raise CurationError(f"{STAGE}: {what} {path} ends at byte {start + len(data)}, before {stop} (was it rewritten"
+                            " part-way through a run?); delete the _work folder to start over")
+    return data
 
 
-def _removal_path(output_path: str, buckets: int, shard_key: str, bucket: int) -> str:
-    return work_path(output_path, f"removals-{buckets}", shard_key, f"bucket-{bucket:05d}.npy")
+def _index_bits(entries: int) -> int:
+    """Prefix bits of a hash file's index: about `ENTRIES_PER_CELL` entries a cell, at most `MAX_INDEX_BITS`."""
+    return min(MAX_INDEX_BITS, max(0, (entries // ENTRIES_PER_CELL).bit_length() - 1))
 
 
 def _document_digests(path: str, texts: pa.ChunkedArray) -> list[bytes]:
@@ -138,9 +156,8 @@ def _document_digests(path: str, texts: pa.ChunkedArray) -> list[bytes]:
     return out
 
 
-def _hash_shard(output_path: str, paragraphs: bool, separator: str, buckets: int,
-                item: tuple[int, Shard]) -> dict[str, Any]:
-    """Phase 1: one shard's hashes, written as one file per bucket; its counts."""
+def _hash_shard(output_path: str, paragraphs: bool, separator: str, item: tuple[int, Shard]) -> dict[str, Any]:
+    """Phase 1: one shard's hashes, sorted by their high half under a prefix index, in one file; its counts."""
     ordinal, shard = item
     texts = read_shard(STAGE, shard.path, ["text"]).column("text")
     digests = _document_digests(shard.path, texts)
@@ -158,20 +175,41 @@ def _hash_shard(output_path: str, paragraphs: bool, separator: str, buckets: int
     entries = np.empty(len(digests), dtype=ENTRY)
     entries["hi"], entries["lo"] = halves[:, 0], halves[:, 1]
     entries["shard"], entries["row"], entries["paragraph"] = ordinal, rows, where
-    bucket_of = entries["hi"] % np.uint64(buckets)
-    entries = entries[np.argsort(bucket_of, kind="stable")]
-    bounds = np.searchsorted(np.sort(bucket_of), np.arange(buckets + 1))
-    for bucket in range(buckets):
-        atomic_write(_hash_path(output_path, buckets, shard.key, bucket),
-                     _npy(entries[bounds[bucket]:bounds[bucket + 1]]))
-    return {"documents": len(texts), "paragraphs": len(digests) - len(texts)}
+    entries = entries[np.argsort(entries["hi"], kind="stable")]
+    bits = _index_bits(len(entries))
+    prefixes = entries["hi"] >> np.uint64(64 - bits) if bits else np.zeros(len(entries), np.uint64)
+    cells = np.searchsorted(prefixes, np.arange((1 << bits) + 1, dtype=np.uint64)).astype(OFFSET)
+    atomic_write(_hash_path(output_path, shard.key), cells.tobytes() + entries.tobytes())
+    return {"documents": len(texts), "paragraphs": len(digests) - len(texts), "entries": len(entries),
+            "index_bits": bits}
 
 
-def _dedup_bucket(output_path: str, buckets: int, shard_keys: Sequence[str], bucket: int) -> dict[str, Any]:
-    """Phase 2: one bucket of every shard, sorted by (kind, hash, position): every entry after the first of its
-    hash is a duplicate. Writes the removals per shard; returns the shards that have some, group sizes, samples."""
-    entries = np.concatenate([_load(_hash_path(output_path, buckets, key, bucket), ENTRY, "hash bucket")
-                              for key in shard_keys] or [np.empty(0, ENTRY)])
+def _bucket_entries(output_path: str, shard_key: str, entries: int, bits: int, low: int, high: int) -> np.ndarray:
+    """The entries of one shard's hash file whose high half is in `[low, high)`: one ranged read of its index,
+    one of the entries the index cells cover (then only those in range)."""
+    path = _hash_path(output_path, shard_key)
+    first, last = low >> (64 - bits), (high - 1) >> (64 - bits)
+    cells = np.frombuffer(_read_range(path, first * OFFSET.itemsize, (last + 2) * OFFSET.itemsize, "hash file"),
+                          OFFSET)
+    start, stop = int(cells[0]), int(cells[-1])
+    if not 0 <= start <= stop <= entries:
+        raise CurationError(f"{STAGE}: hash file {path} has a broken index ({start}..{stop} of {entries} entries);"
+                            " delete the _work folder to start over")
+    header = ((1 << bits) + 1) * OFFSET.itemsize
+    found = np.frombuffer(_read_range(path, header + start * ENTRY.itemsize, header + stop * ENTRY.itemsize,
+                                      "hash file"), ENTRY)
+    hi = found["hi"]
+    return found[(hi >= np.uint64(low)) & (hi <= np.uint64(high - 1))]
+
+
+def _dedup_bucket(output_path: str, buckets: int, shards: Sequence[tuple[str, int, int]], bucket: int
+                  ) -> dict[str, Any]:
+    """Phase 2: one bucket of every shard (`shards`: key, entries, index bits), sorted by (kind, hash, position):
+    every entry after the first of its hash is a duplicate. Writes the removals, grouped by shard, to one file;
+    returns each shard's row range in it, group sizes and samples."""
+    low, high = bucket * TWO_64 // buckets, (bucket + 1) * TWO_64 // buckets
+    entries = np.concatenate([_bucket_entries(output_path, key, count, bits, low, high)
+                              for key, count, bits in shards] or [np.empty(0, ENTRY)])
     paragraph = entries["paragraph"]
     is_paragraph = paragraph != WHOLE
     order = np.lexsort((paragraph, entries["row"], entries["shard"], entries["lo"], entries["hi"], is_paragraph))
@@ -198,13 +236,13 @@ def _dedup_bucket(output_path: str, buckets: int, shard_keys: Sequence[str], buc
 
     removed = entries[repeat]
     removed = removed[np.lexsort((removed["paragraph"], removed["row"], removed["shard"]))]
-    ordinals, first = np.unique(removed["shard"], return_index=True)
-    bounds = np.append(first, len(removed)).tolist()
-    for ordinal, a, b in zip(ordinals.tolist(), bounds[:-1], bounds[1:], strict=True):
-        rows = np.empty(b - a, dtype=REMOVAL)
-        rows["row"], rows["paragraph"] = removed["row"][a:b], removed["paragraph"][a:b]
-        atomic_write(_removal_path(output_path, buckets, shard_keys[ordinal], bucket), _npy(rows))
-        outcome["shards"].append(ordinal)
+    if len(removed):
+        rows = np.empty(len(removed), dtype=REMOVAL)
+        rows["row"], rows["paragraph"] = removed["row"], removed["paragraph"]
+        atomic_write(_removal_path(output_path, buckets, bucket), rows.tobytes())
+        ordinals, first = np.unique(removed["shard"], return_index=True)
+        bounds = np.append(first, len(removed)).tolist()
+        outcome["shards"] = [[o, a, b] for o, a, b in zip(ordinals.tolist(), bounds[:-1], bounds[1:], strict=True)]
     return outcome
 
 
@@ -264,8 +302,11 @@ class Found:
     """What the hashing and bucket phases (`ExactDedup.prepare`) found."""
 
     output_path: str
-    removals: dict[str, tuple[int, ...]]
-    """Per shard key: the buckets holding some of its removals (shards with none are absent)."""
+    buckets: int
+    """The bucket count the second phase ran with (names its folder)."""
+    removals: dict[str, tuple[tuple[int, int, int], ...]]
+    """Per shard key: (bucket, first, stop) row ranges of the buckets' removal files that are its removals
+    (shards with none are absent)."""
     paragraphs: int
     groups: int
     largest_group: int
@@ -274,14 +315,21 @@ class Found:
     samples: list[DuplicateSample]
 
 
+def default_buckets(entries: int, workers: int) -> int:
+    """Enough buckets for at most `ENTRIES_PER_BUCKET` hashes each, and one per worker: a small corpus is one
+    bucket (each bucket costs its own files), a large one never loads more than a bucket at once."""
+    return min(MAX_BUCKETS, max(1, workers, -(-entries // ENTRIES_PER_BUCKET)))
+
+
 @dataclass(frozen=True)
 class ExactDedup(CurationFilter):
     """Removes every document (and with `paragraphs`, every paragraph) whose exact text occurred earlier."""
 
     paragraphs: bool = False
     paragraph_separator: str = "\n"
-    buckets: int = 16
-    """How the hashes are split for the global pass: changes how the work is split, not the output."""
+    buckets: int | None = None
+    """How the hashes are split for the global pass (None: `default_buckets`): changes how the work is split,
+    not the output."""
     found: Found | None = None
     """Set by `prepare`: where the removals are."""
     name = STAGE
@@ -291,22 +339,24 @@ class ExactDedup(CurationFilter):
                 "paragraph_separator": self.paragraph_separator if self.paragraphs else None, "hash": HASH}
 
     def prepare(self, output_path: str, shards: Sequence[Shard], workers: int) -> ExactDedup:
-        """Phases 1 and 2: every shard hashed into buckets, every bucket's repeats found."""
-        buckets = self.buckets
-        hashed = run_phase(output_path, f"hashes-{buckets}", list(enumerate(shards)),
-                           functools.partial(_hash_shard, output_path, self.paragraphs, self.paragraph_separator,
-                                             buckets),
+        """Phases 1 and 2: every shard hashed into one sorted file, every bucket's repeats found."""
+        hashed = run_phase(output_path, HASH_PHASE, list(enumerate(shards)),
+                           functools.partial(_hash_shard, output_path, self.paragraphs, self.paragraph_separator),
                            key_of=_key, workers=workers, name=f"{STAGE}: hash {len(shards)} shards")
-        found = run_phase(output_path, f"buckets-{buckets}", list(range(buckets)),
-                          functools.partial(_dedup_bucket, output_path, buckets, [s.key for s in shards]),
+        buckets = self.buckets or default_buckets(sum(o["entries"] for o in hashed), workers)
+        found = run_phase(output_path, f"duplicates-{buckets}", list(range(buckets)),
+                          functools.partial(_dedup_bucket, output_path, buckets,
+                                            [(s.key, o["entries"], o["index_bits"])
+                                             for s, o in zip(shards, hashed, strict=True)]),
                           key_of=lambda bucket: f"bucket-{bucket:05d}", workers=workers,
                           name=f"{STAGE}: find duplicates in {buckets} buckets")
-        removals: dict[str, list[int]] = {}
+        removals: dict[str, list[tuple[int, int, int]]] = {}
         for bucket, outcome in enumerate(found):
-            for ordinal in outcome["shards"]:
-                removals.setdefault(shards[ordinal].key, []).append(bucket)
+            for ordinal, first, stop in outcome["shards"]:
+                removals.setdefault(shards[ordinal].key, []).append((bucket, first, stop))
         return dataclasses.replace(self, found=Found(
-            output_path, {key: tuple(b) for key, b in removals.items()}, sum(o["paragraphs"] for o in hashed),
+            output_path, buckets, {key: tuple(r) for key, r in removals.items()},
+            sum(o["paragraphs"] for o in hashed),
             groups=sum(o["groups"] for o in found),
             largest_group=max((o["largest_group"] for o in found), default=0),
             paragraph_groups=sum(o["paragraph_groups"] for o in found),
@@ -314,12 +364,14 @@ class ExactDedup(CurationFilter):
             samples=_samples(shards, found)))
 
     def decide(self, table: pa.Table, shard: Shard) -> Verdicts:
-        """Phase 3: the shard's removals, gathered from the buckets that found some."""
-        if self.found is None:
+        """Phase 3: the shard's removals, its row ranges of the buckets' removal files."""
+        found = self.found
+        if found is None:
             raise CurationError(f"{STAGE}: the duplicates are found by prepare(), before any shard is decided")
-        parts = [_load(_removal_path(self.found.output_path, self.buckets, shard.key, b), REMOVAL, "removal list")
-                 for b in self.found.removals.get(shard.key, ())]
-        removals = np.concatenate(parts) if parts else np.empty(0, REMOVAL)
+        size = REMOVAL.itemsize
+        parts = [_read_range(_removal_path(found.output_path, found.buckets, bucket), first * size, stop * size,
+                             "removal list") for bucket, first, stop in found.removals.get(shard.key, ())]
+        removals = np.frombuffer(b"".join(parts), REMOVAL)
         return removal_verdicts(shard.path, self.paragraph_separator, removals, table)
 
     def result(self, summary: CurationResult) -> ExactDedupResult:
@@ -334,7 +386,7 @@ class ExactDedup(CurationFilter):
 
 
 def exact_dedup(output_path: str, dataset_path: str, paragraphs: bool = False, paragraph_separator: str = "\n",
-                buckets: int = 16, workers: int = 1) -> ExactDedupResult:
+                buckets: int | None = None, workers: int = 1) -> ExactDedupResult:
     """Remove every document (and with `paragraphs`, every paragraph) whose exact text occurred earlier in the
     normalized dataset at `dataset_path`, across all its shards and splits; the first occurrence stays."""
     _check_arguments(paragraph_separator, buckets)
@@ -344,7 +396,7 @@ def exact_dedup(output_path: str, dataset_path: str, paragraphs: bool = False, p
 
 
 def exact_dedup_step(name: str, dataset: Step, paragraphs: bool = False, paragraph_separator: str = "\n",
-                     buckets: int = 16, workers: int = 1, max_removed_fraction: float = 0.5) -> Step:
+                     buckets: int | None = None, workers: int = 1, max_removed_fraction: float = 0.5) -> Step:
     """`dataset` (normalized) without repeated documents (and paragraphs); `buckets` and `workers` only change how
     the work is split, not the output, so they are not part of the step's identity."""
     _check_arguments(paragraph_separator, buckets)
