@@ -1,20 +1,33 @@
-"""The fixed cost a step pays for going through Ray, warm.
+"""The fixed cost of a step: through Ray warm, and a do-nothing step through the CLI cold.
 
-The same step materialized (forced, so it computes every time) with its function run on
-an embedded Ray ÷ run in the Dagster process, the order rotated (A B, B A, …), for a small step (~20 ms of work) and
-a medium step (~1 s). The difference is the fixed cost: task submission, result transfer,
-the log relay.
+(a) warm: the same step materialized (forced, so it computes every time) with its function run
+    on an embedded Ray ÷ run in the Dagster process, the order rotated (A B, B A, …), for a small
+    step (~20 ms of work) and a medium step (~1 s). The difference is the fixed cost: task
+    submission, result transfer, the log relay.
+(b) cold: `dagster asset materialize` of one do-nothing step (`noop_step.py`, marked light: it runs
+    in the Dagster process) on a fresh instance and prefix, nothing running yet ÷ the same CLI
+    materializing one plain Dagster no-op asset (`noop_graph.py`, Dagster's default executor);
+    for information the same step unmarked, a Ray task on an embedded Ray that the run starts, with
+    what its record says (its own duration, the start-up apart). The three rotate every repetition.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 from measure import compare, rotated
+
+BENCH = Path(__file__).resolve().parent
+NOOP_KEY = "bench/noop"
+"""The asset key of `noop_step.py`'s step and of the plain no-op asset it is compared with."""
 
 
 def busy(seconds: float, output_path: str) -> dict:
@@ -70,3 +83,55 @@ def measure(reps: int = 7) -> list[dict]:
             if ray.is_initialized():
                 ray.shutdown()
     return out
+
+
+def _cold_once(kind: str, root: str) -> dict:
+    """One `dagster asset materialize` of the do-nothing step (`ours`: light; `ray`: unmarked) or of a
+    plain no-op asset (`plain`), on a fresh instance and prefix under `root`: wall seconds and, for
+    ours, what the record says."""
+    from demo_measures import _env, run_cli
+
+    home, prefix = os.path.join(root, "home"), os.path.join(root, "prefix")
+    env = _env(home, prefix)
+    if kind == "plain":
+        shape = os.path.join(root, "shape.json")
+        Path(shape).write_text(json.dumps([{"key": NOOP_KEY.split("/"), "deps": [], "group": "bench", "checks": []}]))
+        env["MARIN_BENCH_SHAPE"], definitions = shape, BENCH / "noop_graph.py"
+    else:
+        env["MARIN_BENCH_PLACEMENT"], definitions = kind, BENCH / "noop_step.py"
+    argv = [str(Path(sys.executable).parent / "dagster"), "asset", "materialize", "-f", str(definitions),
+            "--select", NOOP_KEY]
+    run = run_cli(argv, env, Path(root) / "log.txt")
+    out = {"seconds": run["seconds"]}
+    if kind != "plain":
+        record = json.loads(next(Path(prefix).rglob(".artifact.json")).read_text())
+        out["duration_s"], out["startup_s"] = record["duration_s"], record.get("startup_s")
+        ready = re.search(r"Ray ready after ([0-9.]+) s", run["output"])
+        out["ray_ready_s"] = float(ready.group(1)) if ready else 0.0
+    return out
+
+
+def measure_cold_step(reps: int = 5) -> list[dict]:
+    """A do-nothing step through `dagster asset materialize`, cold, ÷ a plain Dagster no-op asset."""
+    samples: dict[str, list[dict]] = {"ours": [], "plain": [], "ray": []}
+    for rep in range(reps):
+        for kind in rotated(list(samples), rep):
+            with tempfile.TemporaryDirectory(prefix=f"marin-bench-{kind}-") as root:
+                samples[kind].append(_cold_once(kind, root))
+
+    def seconds(kind: str) -> list[float]:
+        return [s["seconds"] for s in samples[kind]]
+
+    def median(kind: str, field: str) -> float:
+        return statistics.median(s[field] or 0.0 for s in samples[kind])
+
+    ours = compare("step_cold_cli", "a do-nothing step (light: runs in the Dagster process) through `dagster asset"
+                   " materialize`, fresh instance and prefix, nothing running ÷ a plain Dagster no-op asset through"
+                   " the same CLI", seconds("ours"), seconds("plain"), "s", goal=("ratio", "<=", 1.2),
+                   note=f"record: duration {median('ours', 'duration_s'):.3f} s, start-up"
+                        f" {median('ours', 'startup_s'):.3f} s")
+    ray = compare("step_cold_cli_ray", "the same do-nothing step unmarked (a Ray task: the run starts an embedded"
+                  " Ray) ÷ the plain no-op asset, same CLI", seconds("ray"), seconds("plain"), "s",
+                  note=f"record: duration {median('ray', 'duration_s'):.2f} s, start-up"
+                       f" {median('ray', 'startup_s'):.2f} s; Ray ready after {median('ray', 'ray_ready_s'):.1f} s")
+    return [ours, ray]

@@ -40,7 +40,7 @@ from measure import check_row, goal_text  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 PAGE = ROOT / "docs" / "benchmarks.md"
-GROUPS = ("load", "sweep", "demo", "ray", "tokenize", "real_tokenize", "curation", "train")
+GROUPS = ("load", "sweep", "demo", "ray", "step", "tokenize", "real_tokenize", "curation", "train")
 
 
 def benchmarks(quick: bool) -> dict[str, Callable[[], dict | list[dict]]]:
@@ -52,6 +52,7 @@ def benchmarks(quick: bool) -> dict[str, Callable[[], dict | list[dict]]]:
                                                              reps=1 if quick else 3),
         "demo": lambda: demo_measures.measure(quick, reps=reps or 9),
         "ray": lambda: ray_overhead.measure(reps=reps or 7),
+        "step": lambda: ray_overhead.measure_cold_step(reps=reps or 5),
         "tokenize": lambda: pipeline_throughput.measure_tokenize(reps=reps or 5, documents=5_000 if quick else 40_000),
         "real_tokenize": lambda: real_tokenize.measure(reps=reps or 5, megabytes=10 if quick else 30),
         "curation": lambda: curation.measure(reps=reps or 3, megabytes=10 if quick else 30),

@@ -1,6 +1,7 @@
 """Ray: where step functions run. An embedded local Ray by default, a cluster by address.
 
-Connection is lazy: a run whose assets are all cached never starts Ray. An embedded Ray is
+Connection is lazy: a run whose assets are all cached — or whose steps that compute are all
+light (`marin_assets.core.light`), run in the Dagster process — never starts Ray. An embedded Ray is
 sized for the machine (all cores, a small object store, no dashboard, no token auth, its
 session files under a temp folder rather than the home folder) and shut down at the end of
 the run; a cluster connection is only disconnected.
@@ -51,6 +52,12 @@ class RayResource(ConfigurableResource):
         default=None, description="Embedded Ray only: session folder root (default: <tmp>/marin-ray-<uid>)."
     )
     keep_session_logs: bool = Field(default=False, description="Embedded Ray only: keep worker logs after shutdown.")
+    light_steps_in_process: bool = Field(
+        default=True,
+        description="Embedded Ray only: run light steps (function marked `light`, at most 1 CPU, no memory,"
+                    " GPU or TPU request) in the Dagster process, so they never start Ray. False: every step"
+                    " is a Ray task.",
+    )
 
     _started_here: bool = PrivateAttr(default=False)
     _session_dir: str | None = PrivateAttr(default=None)

@@ -243,3 +243,37 @@ def test_a_worker_pays_levanters_import_once_not_per_step(prefix, local_ray):
         first_of.setdefault(r["pid"], r)
     assert all(r["already"] for r in results if first_of[r["pid"]] is not r), results
     print(f"\nLevanter import per worker: {[round(r['seconds'], 2) for r in results]} s ({pids})")
+
+
+def test_a_light_step_runs_on_ray_when_in_process_is_turned_off(prefix, local_ray):
+    """`light_steps_in_process=False`: every step is a Ray task, the light ones too; the metadata says
+    where it ran and how long Ray took to be ready (here it was up already)."""
+    from marin_assets.core.light import light
+
+    step = Step(name="ray/light-env", fn=light(report_env))
+    defs = build_definitions([step], resources={"ray": RayResource(light_steps_in_process=False)})
+    result = defs.resolve_implicit_global_asset_job_def().execute_in_process()
+    assert result.success
+    assert read_record(step.output_path).result["pid"] != os.getpid()
+    metadata = result.get_asset_materialization_events()[0].materialization.metadata
+    assert metadata["ran_in"].value == "ray"
+    assert 0 <= metadata["startup_s"].value < metadata["duration_s"].value
+
+
+def test_the_record_keeps_the_start_up_apart_from_the_steps_own_work(prefix, local_ray):
+    """A step's `duration_s` is its function's own time on the worker; joining Ray and waiting for a
+    worker to start it is `startup_s`; both within the materialization's wall time."""
+    from marin_assets.core.light import light
+    from marin_assets.execution.ray_runner import ray_runner
+
+    runner = ray_runner(RayResource(), log)
+    for step, ran_in in ((Step(name="ray/sleeps", fn=functools.partial(interval, 0.3)), "ray"),
+                         (Step(name="light/sleeps", fn=light(functools.partial(interval, 0.3))), "process")):
+        outcome = materialize_step(step, settings=FAST, run_fn=runner)
+        record = outcome.record
+        start, end = record.result
+        assert runner.ran_in == ran_in
+        # the function's own time, measured where it ran (the record keeps milliseconds)
+        assert record.duration_s == pytest.approx(end - start, abs=0.05)
+        assert record.startup_s + record.duration_s <= outcome.duration_s + 0.001
+        assert (record.startup_s > 0) == (ran_in == "ray")  # a task's wait for its worker; nothing in process

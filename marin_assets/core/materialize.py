@@ -33,7 +33,10 @@ logger = logging.getLogger(__name__)
 
 RunFn = Callable[[Step, str, str, threading.Event], Any]
 """`run_fn(step, output_path, prefix, stop) -> result`: runs `step.fn(output_path)` somewhere,
-stopping early (raising) if it can when `stop` is set — the lease was lost."""
+stopping early (raising) if it can when `stop` is set — the lease was lost. A `run_fn` with a
+`timing() -> (startup_s, work_s)` method (the execution layer's `StepRunner`) says, after a call, how
+long went on making a place to run (starting Ray, a worker) and how long the function itself took:
+the record keeps them apart (`startup_s`, `duration_s`)."""
 
 
 class DependencyNotReadyError(RuntimeError):
@@ -133,6 +136,9 @@ def compute_and_commit(step: Step, out: str, prefix: str, lease: Lease, run_fn: 
         fn_started = time.monotonic()
         result = run_fn(step, out, prefix, lease.lost)
         fn_duration = time.monotonic() - fn_started
+        timing = getattr(run_fn, "timing", None)  # a runner that knows: (start-up, the function's own time)
+        startup_s, work_s = timing() if timing is not None else (0.0, None)
+        fn_duration = fn_duration - startup_s if work_s is None else work_s
         result_json = encode_result(step.name, result)
         lease.renew()
         record = ArtifactRecord(
@@ -145,6 +151,7 @@ def compute_and_commit(step: Step, out: str, prefix: str, lease: Lease, run_fn: 
             result_type=type_name(result),
             provenance=current_provenance(run_id),
             duration_s=round(fn_duration, 3),
+            startup_s=round(startup_s, 3),
             content_version=content_version(source, inputs),
             input_versions=inputs,
         )

@@ -60,6 +60,7 @@ class ArtifactRecord:
     """`module:qualname` of the result's type, for `load_result` without a type."""
     provenance: Provenance
     duration_s: float = 0.0
+    """Wall seconds of the step's own work: its function, from call to return."""
     format: int = field(default=1)
     """The layout of this record (1 so far), stored under the key `version` that existing records hold."""
     content_version: str | None = None
@@ -67,6 +68,9 @@ class ArtifactRecord:
     source reported, or a digest of the inputs' content versions; None for pure outputs."""
     input_versions: dict[str, str] = field(default_factory=dict)
     """`name_with_hash` → content version of each dependency that had one, when this was made."""
+    startup_s: float = 0.0
+    """Wall seconds spent making a place for the function to run before it started (starting or
+    joining Ray), not counted in `duration_s`; 0 when none was needed (Ray was up, or a light step)."""
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)

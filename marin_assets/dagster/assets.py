@@ -5,8 +5,8 @@ step's deps, group from the name's first segment, kinds from the step, descripti
 function. A family of steps keyed by partition (each checkpoint of a training run) is one
 partitioned asset made by the same function (`Partitioned`). From the asset to the user's
 function it is four hops: the op's body → `materialize_step` (the protocol) → the execution
-layer's `run_on_ray` → `step.fn` on a Ray worker. The body returns the record as metadata
-and `data_version` = hash (plus the content version of a changing source), so Dagster's
+layer's `StepRunner` → `step.fn` on a Ray worker (a light step: in this process). The body
+returns the record as metadata and `data_version` = hash (plus the content version of a changing source), so Dagster's
 "unsynced" follows identity and upstream content exactly.
 """
 
@@ -102,14 +102,17 @@ def _materialize(step: Step, context: dg.AssetExecutionContext,
     """The body of every step asset: the protocol with the run's storage and Ray, then what the UI shows."""
     storage = getattr(context.resources, STORAGE_KEY)
     prefix, settings = storage_settings(storage)
+    runner = ray_runner(getattr(context.resources, RAY_KEY), context.log)
     outcome = materialize_step(
         step, prefix=prefix, settings=settings, run_id=context.run.run_id,
-        recompute=_recompute_reason(context, step),
-        run_fn=ray_runner(getattr(context.resources, RAY_KEY), context.log), log=context.log,
+        recompute=_recompute_reason(context, step), run_fn=runner, log=context.log,
     )
     # The output has succeeded whatever its result looks like: metadata that cannot be built or
     # recorded becomes text saying why, never a failure of this run and every later (cached) one.
     metadata = metadata_or_error("metadata", lambda: outcome_metadata(outcome))
+    if not outcome.cached and runner.ran_in:  # where it ran, and the start-up apart from its own work
+        metadata["ran_in"] = runner.ran_in
+        metadata["startup_s"] = round(runner.startup_s, 3)
     if extra_metadata:
         metadata.update(metadata_or_error("summary", lambda: extra_metadata(outcome)))
     return dg.MaterializeResult(metadata=safe_metadata(metadata),

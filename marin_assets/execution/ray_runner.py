@@ -1,23 +1,27 @@
-"""Run a step's function on Ray with the resources it declares.
+"""Run a step's function on Ray with the resources it declares — or, for a light step, right here.
 
 The status, lease and record stay with the calling process; only `fn(output_path)` goes to
 Ray, as a streaming task that relays what the function prints and logs while it runs
-(`relay`). A multi-host TPU slice gets a light driver holding the slice's head resource,
-which fans out one task per host. Requests no node can ever satisfy fail at once
-(`requests.InfeasibleRequestError`) instead of waiting forever; an interrupted run cancels
-its task.
+(`relay`). A light step (its function marked `core.light.light`, plain CPU resources) runs in
+the calling process when the Ray is embedded, so a run of light steps never starts Ray
+(`StepRunner`); starting or joining Ray is timed apart from the step's own work. A multi-host
+TPU slice gets a small driver holding the slice's head resource, which fans out one task per
+host. Requests no node can ever satisfy fail at once (`requests.InfeasibleRequestError`)
+instead of waiting forever; an interrupted run cancels its task.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from marin_assets.core.lease import LeaseLostError
-from marin_assets.core.step import Step
-from marin_assets.execution.relay import StepCall, run_relaying
+from marin_assets.core.light import is_light
+from marin_assets.core.step import Resources, Step
+from marin_assets.execution.relay import StepCall, call_relaying, run_relaying
 from marin_assets.execution.requests import RayRequest, check_feasible
 
 
@@ -105,9 +109,36 @@ class RayConnection(Protocol):
         """Environment variables every step's worker gets."""
 
 
+def runs_in_process(step: Step, ray_resource: Any) -> bool:
+    """Whether `step` runs in the calling process rather than as a Ray task: its function is marked
+    light, it asks for no more than one CPU (no memory reservation, GPU or TPU), and the resource
+    is an embedded Ray that lets light steps run here (`light_steps_in_process`). On a cluster
+    every step is a Ray task: the workers have the runtime_env, the Dagster process may not."""
+    r = step.resources
+    plain = r.cpu <= Resources().cpu and r.memory_gb is None and not r.gpu and not r.tpu_type
+    return (plain and is_light(step.fn) and bool(getattr(ray_resource, "embedded", False))
+            and bool(getattr(ray_resource, "light_steps_in_process", False)))
+
+
+def run_here(step: Step, output_path: str, prefix: str, ray_resource: RayConnection, log: Any) -> Any:
+    """Run a light step's function in this process, with the workers' environment (the resource's
+    `env_vars`, `MARIN_PREFIX`), relaying what it prints and logs to `log` as on Ray."""
+    env = {**ray_resource.worker_env(), "MARIN_PREFIX": prefix}
+    tag = f"[{step.name}]"
+
+    def emit(lines: list[str]) -> None:
+        for line in lines:
+            log.info(f"{tag} {line}")
+
+    return call_relaying(StepCall.of(step), output_path, prefix, env, emit)
+
+
 def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event, ray_resource: RayConnection,
-               log: Any) -> Any:
-    """Run `step.fn(output_path)` on Ray; relay its output to `log`; return its result."""
+               log: Any, timing: dict[str, float] | None = None) -> Any:
+    """Run `step.fn(output_path)` on Ray; relay its output to `log`; return its result.
+
+    `timing`, when given, gets `wait_s` (from submitting the task until host 0 started it: a worker
+    spawned, the function imported) and `work_s` (the function's own wall time on host 0)."""
     import ray
     from ray.exceptions import RaySystemError, RayTaskError, TaskCancelledError
 
@@ -124,10 +155,15 @@ def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event,
     else:
         gen = step_task.options(name=name, **request.task_options()).remote(StepCall.of(step), output_path, prefix,
                                                                              env)
+    submitted = time.monotonic()
     log.info(f"{step.name}: running on Ray with {request.describe()}")
     try:
         for kind, host, payload in _multiplex([gen], stop):
-            if kind == "log":
+            if timing is not None and host == 0 and kind == "started":
+                timing["wait_s"] = time.monotonic() - submitted
+            elif timing is not None and host == 0 and kind == "work":
+                timing["work_s"] = payload
+            elif kind == "log":
                 tag = f"[{step.name}{f' host {host}' if request.hosts > 1 else ''}]"
                 for line in payload:
                     log.info(f"{tag} {line}")
@@ -153,6 +189,61 @@ def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event,
         raise
 
 
-def ray_runner(ray_resource: RayConnection, log: Any) -> Callable[[Step, str, str, threading.Event], Any]:
-    """A `run_fn` for `materialize_step` that runs on the given Ray resource."""
-    return lambda step, output_path, prefix, stop: run_on_ray(step, output_path, prefix, stop, ray_resource, log)
+class StepRunner:
+    """A `run_fn` for `materialize_step`: a light step in this process, any other as a Ray task.
+
+    It times each call in two parts (`timing()`): the start-up — starting or joining Ray, then
+    waiting until a worker has started the function (a fresh Ray spawns one) — and the function's
+    own work, measured where it runs. Ray is started at most once per process (the resource keeps
+    it), never for a light step.
+    """
+
+    def __init__(self, ray_resource: RayConnection, log: Any):
+        self.ray_resource, self.log = ray_resource, log
+        self.startup_s = 0.0
+        """Start-up of the last call: Ray start or connect plus the wait for a worker (0 in process)."""
+        self.work_s: float | None = None
+        """The last call's function's own wall time (None: it did not finish)."""
+        self.ran_in: str | None = None
+        """Where the last step ran: `process` or `ray`."""
+
+    def runs_here(self, step: Step) -> bool:
+        return runs_in_process(step, self.ray_resource)
+
+    def prepare(self, step: Step) -> float:
+        """Start or join Ray unless `step` runs here or Ray is up; the seconds it took."""
+        if self.runs_here(step):
+            return 0.0
+        started = time.monotonic()
+        self.ray_resource.connect()
+        seconds = time.monotonic() - started
+        if seconds >= 0.05:
+            self.log.info(f"{step.name}: Ray ready after {seconds:.1f} s (start-up, not the step's work)")
+        return seconds
+
+    def timing(self) -> tuple[float, float | None]:
+        """(start-up, the function's own time) of the last call, in seconds."""
+        return self.startup_s, self.work_s
+
+    def __call__(self, step: Step, output_path: str, prefix: str, stop: threading.Event) -> Any:
+        self.startup_s, self.work_s = 0.0, None
+        if self.runs_here(step):
+            self.ran_in = "process"
+            self.log.info(f"{step.name}: running in this process (a light step: no Ray needed)")
+            started = time.monotonic()
+            result = run_here(step, output_path, prefix, self.ray_resource, self.log)
+            self.work_s = time.monotonic() - started
+            return result
+        self.ran_in = "ray"
+        self.startup_s = self.prepare(step)
+        timing: dict[str, float] = {}
+        try:
+            return run_on_ray(step, output_path, prefix, stop, self.ray_resource, self.log, timing)
+        finally:
+            self.startup_s += timing.get("wait_s", 0.0)
+            self.work_s = timing.get("work_s")
+
+
+def ray_runner(ray_resource: RayConnection, log: Any) -> StepRunner:
+    """A `run_fn` for `materialize_step` that runs on the given Ray resource (light steps here)."""
+    return StepRunner(ray_resource, log)

@@ -2,8 +2,9 @@
 
 Used on a Ray worker (`ray_runner`): the worker's stdout/stderr and root logger are captured
 into a queue and streamed back as batches of lines while the function runs, so the Dagster
-run log shows the step's progress live. Carriage-return progress lines (tqdm) are thinned to
-one per `PROGRESS_EVERY_S`. No Ray import.
+run log shows the step's progress live. A light step run in the Dagster process itself
+(`call_relaying`) has what its own thread prints and logs passed on line by line, as it comes.
+Carriage-return progress lines (tqdm) are thinned to one per `PROGRESS_EVERY_S`. No Ray import.
 """
 
 from __future__ import annotations
@@ -46,10 +47,13 @@ _DONE = object()
 
 
 class _LineRelay(io.TextIOBase):
-    """A text stream that passes lines to a queue (and on to the original stream)."""
+    """A text stream that passes lines to a queue (and on to the original stream).
 
-    def __init__(self, lines: queue.Queue, original: Any):
-        self.lines, self.original = lines, original
+    `only`: relay only what this thread writes (and nothing while `only.quiet` is set); other
+    threads' text just goes to the original stream."""
+
+    def __init__(self, lines: Any, original: Any, only: _Caller | None = None):
+        self.lines, self.original, self.only = lines, original, only
         self.buffer = ""
         self.last_progress = 0.0
 
@@ -58,6 +62,8 @@ class _LineRelay(io.TextIOBase):
 
     def write(self, text: str) -> int:
         self.original.write(text)
+        if self.only is not None and not self.only.relays():
+            return len(text)
         self.buffer += text
         while "\n" in self.buffer:
             line, self.buffer = self.buffer.split("\n", 1)
@@ -77,21 +83,41 @@ class _LineRelay(io.TextIOBase):
 
 
 class _QueueHandler(logging.Handler):
-    def __init__(self, lines: queue.Queue):
+    def __init__(self, lines: Any, only: _Caller | None = None):
         super().__init__(logging.INFO)
-        self.lines = lines
+        self.lines, self.only = lines, only
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self.only is not None and not self.only.relays():
+            return
         self.lines.put(self.format(record))
 
 
+class _Caller:
+    """The calling thread of `call_relaying`: lines it writes go straight to `emit`, except while
+    `emit` itself runs (Dagster's log may print or log in turn: that must not come back)."""
+
+    def __init__(self, emit: Callable[[list[str]], None]):
+        self.emit, self.thread, self.quiet = emit, threading.get_ident(), False
+
+    def relays(self) -> bool:
+        return not self.quiet and threading.get_ident() == self.thread
+
+    def put(self, line: str) -> None:
+        self.quiet = True
+        try:
+            self.emit([line])
+        finally:
+            self.quiet = False
+
+
 @contextlib.contextmanager
-def _relaying(lines: queue.Queue) -> Iterator[None]:
+def _relaying(lines: Any, only: _Caller | None = None) -> Iterator[None]:
     root = logging.getLogger()
-    handler, level = _QueueHandler(lines), root.level
+    handler, level = _QueueHandler(lines, only), root.level
     saved = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _LineRelay(lines, sys.stdout), _LineRelay(lines, sys.stderr)
+    sys.stdout, sys.stderr = _LineRelay(lines, sys.stdout, only), _LineRelay(lines, sys.stderr, only)
     root.addHandler(handler)
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
@@ -138,21 +164,27 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        _follow_hub_settings()  # the process goes on (a warm worker, the Dagster process) with its own settings
 
 
 def run_relaying(call: StepCall, output_path: str, prefix: str, env: dict[str, str],
                  host: int = 0) -> Iterator[tuple[str, int, Any]]:
-    """Run the function in a thread; yield ("log", host, [lines]) as it prints, then ("result", host, value)."""
+    """Run the function in a thread: yield ("started", host, None) at once, ("log", host, [lines]) as it
+    prints, ("work", host, seconds) — the function's own wall time — when it ends, then ("result", host, value).
+    What comes before "started" reaches the caller (a worker process to spawn) is start-up, not work."""
     lines: queue.Queue = queue.Queue()
     box: dict[str, Any] = {}
+    yield ("started", host, None)
 
     def target() -> None:
+        started = time.monotonic()
         try:
             with using_prefix(prefix):  # the steps it reads resolve their paths under this prefix
                 box["value"] = call.fn(output_path)
         except BaseException as e:  # re-raised below, in the task's own thread
             box["error"] = e
         finally:
+            box["work_s"] = time.monotonic() - started
             lines.put(_DONE)
 
     with _environment(env), _relaying(lines):
@@ -173,4 +205,26 @@ def run_relaying(call: StepCall, output_path: str, prefix: str, env: dict[str, s
                 yield ("log", host, text)
     if "error" in box:
         raise box["error"]
+    yield ("work", host, box["work_s"])
     yield ("result", host, box.get("value"))
+
+
+def call_relaying(call: StepCall, output_path: str, prefix: str, env: dict[str, str],
+                  emit: Callable[[list[str]], None]) -> Any:
+    """Run the function in this thread with `env` and the prefix in effect; pass each line it prints or
+    logs from this thread to `emit` as it comes; return its result (its exception propagates as is).
+
+    For a light step in the Dagster process: an interrupt (terminating the run) raises in the
+    function itself, so it stops where it is. Lines written by threads the function starts go to
+    the process's own output only.
+    """
+    caller = _Caller(emit)
+    with _environment(env), _relaying(caller, only=caller):
+        try:
+            with using_prefix(prefix):
+                return call.fn(output_path)
+        finally:
+            for stream in (sys.stdout, sys.stderr):  # a last line without its newline
+                if isinstance(stream, _LineRelay) and stream.buffer.strip() and caller.relays():
+                    caller.put(stream.buffer.rsplit("\r", 1)[-1].strip())
+                    stream.buffer = ""
