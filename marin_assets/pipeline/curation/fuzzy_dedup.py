@@ -189,8 +189,8 @@ class FuzzyDedup(CurationFilter):
         import rensa
 
         algorithm = {**ALGORITHM, "signature": f"{ALGORITHM['signature']}-v{rensa.RMinHash.ALGORITHM_VERSION}"}
-        found = {"ngram": self.ngram, "num_perm": self.num_perm, "bands": self.bands, "threshold": self.threshold,
-                 "seed": self.seed, "algorithm": algorithm}
+        found: dict[str, Any] = {"ngram": self.ngram, "num_perm": self.num_perm, "bands": self.bands,
+                                 "threshold": self.threshold, "seed": self.seed, "algorithm": algorithm}
         # the word path's defaults add nothing, so its identity stays what it was before these options
         if self.shingles != "word":
             found["shingles"] = self.shingles
@@ -216,9 +216,11 @@ class FuzzyDedup(CurationFilter):
         """Phases 1 to 5: candidate pairs from MinHash bands, verified on the text, clustered."""
         keys = [s.key for s in shards]
         buckets = self.buckets
+        num_perm, bands, threshold, window = self.num_perm, self.bands, self.threshold, self.window
+        assert num_perm is not None and bands is not None and threshold is not None and window is not None  # post_init
         banded = run_phase(output_path, "bands", list(enumerate(shards)),
-                           functools.partial(band_shard, output_path, self.shingling, self.num_perm, self.bands,
-                                             self.seed, buckets),
+                           functools.partial(band_shard, output_path, self.shingling, num_perm, bands, self.seed,
+                                             buckets),
                            key_of=lambda item: item[1].key, workers=workers,
                            name=f"{STAGE} bands of {len(shards)} shards")
         counts = np.array([o["bucket_records"] for o in banded], dtype=np.int64).reshape(len(shards), buckets)
@@ -235,7 +237,7 @@ class FuzzyDedup(CurationFilter):
                   key_of=lambda item: keys[item[0]], workers=workers,
                   name=f"{STAGE} n-gram sets of {len(gather)} shards")
         run_phase(output_path, "verified", verify,
-                  functools.partial(verify_shard, output_path, keys, self.threshold, self.window),
+                  functools.partial(verify_shard, output_path, keys, threshold, window),
                   key_of=lambda item: keys[item[0]], workers=workers,
                   name=f"{STAGE} verification of {len(pairs)} pairs")
         clustered = run_phase(output_path, "clusters", ["all"],

@@ -44,7 +44,7 @@ def eval_step(name: str, kind: EvalKind, train: Step, checkpoint_step: int | Non
     resources = Resources(cpu=1, gpu=gpu, gpu_type=gpu_type)
 
     def run(out: str) -> Any:
-        result = load_result(train)  # a run's TrainResult, or a model from the Hub (HfModel, LevanterCheckpoint)
+        result: Any = load_result(train)  # a run's TrainResult, or a model from the Hub (HfModel, LevanterCheckpoint)
         model, tokenizer = result.model_and_tokenizer()
         path = load_result(export, ExportResult).path if export else result.checkpoint_path(checkpoint_step)
         return kind.evaluate(out, Checkpoint(path, model, tokenizer, result.vocab_size, platform_for(resources)))

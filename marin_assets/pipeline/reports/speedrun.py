@@ -205,12 +205,13 @@ def speedrun_step(name: str, train: Step, *, author: Author | str, description: 
     if strays:
         raise StepDefinitionError(f"{where}: {strays} are not evaluations of {train.name!r} (eval_step, evaluate_step,"
                                   " harness_eval_step on it)")
+    evaluated = [e for e in evaluations if isinstance(e, EvalStep)]  # all of them, as checked above
 
     def run(out: str) -> Submission:
         from marin_assets.core.record import load_result, read_record
         from marin_assets.pipeline.training.run import TrainResult
 
-        scores = {e.name: e.eval_kind.numbers(read_record(e.output_path).result) for e in evaluations}
+        scores = {e.name: e.eval_kind.numbers(read_record(e.output_path).result) for e in evaluated}
         return submission(train.name, load_result(train, TrainResult), who, description, declared, checked, scores)
 
     return SpeedrunStep(name=name, fn=run, deps=[train, *evaluations],

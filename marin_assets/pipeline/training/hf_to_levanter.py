@@ -10,6 +10,7 @@ arrays are exactly what those readers expect. The weights keep their dtype unles
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import fsspec
 
@@ -155,7 +156,7 @@ def hf_to_levanter_step(name: str, hf_model: Step, model: ModelSpec | None = Non
         model = hf_model.exports.model
 
     def run(out: str) -> LevanterCheckpoint:
-        made = load_result(hf_model)  # the type it recorded: an HfModel names the Hub commit
+        made: Any = load_result(hf_model)  # the type it recorded: an HfModel names the Hub commit
         commit = made.commit if isinstance(made, HfModel) else None
         return convert_hf_to_levanter(out, hf_model.output_path, model, dtype, commit)
 
