@@ -11,12 +11,15 @@ check, tokenize, write the Levanter cache) with its default backend (fastokens, 
 check) and with the fallback backend forced (`backend="tokenizers"`), and each library alone on the
 same texts held in memory (fastokens `encode_batch_flat`, HF `tokenizers` `encode_batch_fast`).
 
-(a) asset (fastokens) ÷ fastokens in memory — goal: ratio >= 0.9 (same library: what the pipeline costs);
+(a) asset (fastokens) ÷ fastokens in memory — goal: ratio >= 0.7 (issue 28; same library: what the pipeline costs);
 (b) asset (tokenizers forced) ÷ `tokenizers` in memory — goal: ratio >= 0.9 (the fallback path);
 (c) asset (fastokens) ÷ `tokenizers` in memory — report (a library choice, not the pipeline);
 (d) memory: the data phase's peak anonymous RSS above the RSS after a warm-up (imports, the tokenizer
     loaded, a tiny corpus tokenized), as the corpus grows 10× in files of the same size — goal: ratio
     <= 1.25 (`rss.DataPeak`).
+(e) the fallback: the real cl100k, with its id gaps (no token 100256, specials up to 100276), which fastokens
+    refuses to load: the asset with its default backend (so `tokenizers`, chosen after fastokens' refusal) ÷
+    `tokenizers` in memory on >= 30 MB (30 MB in quick mode too, one repetition) — goal: ratio >= 0.9 (issue 28).
 """
 
 from __future__ import annotations
@@ -183,7 +186,7 @@ def throughput_rows(tmp: str, texts: list[str], raw: str, tok: str, reps: int, c
     return [
         compare(f"{key}_vs_fastokens", f"{label}: tokenize asset (fastokens) ÷ fastokens encode_batch_flat on the"
                 f" same texts in memory ({size}), in process, warm", rates["ours"], rates["fastokens"], "tokens/s",
-                goal=("ratio", ">=", 0.9)),
+                goal=("ratio", ">=", 0.7)),
         compare(f"{key}_vs_tokenizers", f"{label}: tokenize asset (backend='tokenizers' forced) ÷ HF tokenizers"
                 f" encode_batch_fast on the same texts in memory ({size}), in process, warm",
                 rates["ours_tokenizers"], rates["tokenizers"], "tokens/s", goal=("ratio", ">=", 0.9)),
@@ -192,13 +195,67 @@ def throughput_rows(tmp: str, texts: list[str], raw: str, tok: str, reps: int, c
     ]
 
 
-def measure(reps: int = 5, megabytes: int = 30) -> list[dict]:
-    """(a) to (d) above."""
+def cl100k_with_gaps(tmp: str) -> str:
+    sys.path.insert(0, str(ROOT))
+    from marin_assets.pipeline.tokens.tokenizer import adopt_tokenizer
+    from tests.support.real_tokenizers import cl100k_folder
+
+    return adopt_tokenizer(os.path.join(tmp, "tok-gaps"), cl100k_folder(os.path.join(tmp, "cl100k-gaps"))).path
+
+
+def fallback_row(tmp: str, texts: list[str], raw: str, tok: str, reps: int, corpus: str,
+                 key: str = "real_tokenize_fallback", label: str = "real text") -> dict:
+    """(e) above: `tok` is a tokenizer fastokens refuses; the asset runs with its default backend."""
+    from marin_assets.core.lease import LeaseSettings
+    from marin_assets.core.materialize import materialize_step
+    from marin_assets.core.step import Step
+    from marin_assets.pipeline.tokens.encoders import _reference
+    from marin_assets.pipeline.tokens.tokenize import tokenize
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    settings = LeaseSettings(heartbeat_interval=10, stale_timeout=60, poll_interval=0.2)
+    found: dict[str, str] = {}
+
+    def asset(rep: int) -> int:
+        step = Step(name=f"bench/{key}-{rep}", fn=lambda out: tokenize(out, raw, tok))
+        record = materialize_step(step, prefix=os.path.join(tmp, "ours"), settings=settings).record
+        found["backend"], found["reason"] = record.result["backend"], record.result["backend_reason"]
+        framing = record.result["framing"] or {}
+        per_document = (framing.get("bos_id") is not None) + (framing.get("eos_id") is not None)
+        return sum(s["tokens"] - per_document * s["documents"] for s in record.result["splits"].values())
+
+    kinds = {"ours": asset, "tokenizers": in_memory_encoders(texts, _reference(tok), None)["tokenizers"]}
+    counted = {kind: fn(-1) for kind, fn in kinds.items()}
+    if len(set(counted.values())) != 1:
+        raise AssertionError(f"token counts differ: {counted}")
+    if found["backend"] != "tokenizers" or "cannot load" not in found["reason"]:
+        raise AssertionError(f"fastokens was expected to refuse this tokenizer: {found}")
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    for rep in range(reps):
+        for kind in rotated(list(kinds), rep):
+            start = time.perf_counter()
+            tokens = kinds[kind](rep)
+            rates[kind].append(tokens / (time.perf_counter() - start))
+    megabytes = sum(len(t.encode()) for t in texts) / 1e6
+    return compare(key, f"{label}: tokenize asset, default backend, with a tokenizer fastokens refuses (the real"
+                   f" cl100k: id gaps) ÷ HF tokenizers encode_batch_fast on the same texts in memory"
+                   f" ({counted['ours'] / 1e6:.2f}M tokens, {megabytes:.0f} MB of {corpus}), in process, warm",
+                   rates["ours"], rates["tokenizers"], "tokens/s", goal=("ratio", ">=", 0.9),
+                   note=f"fastokens: {found['reason']}")
+
+
+def measure(reps: int = 5, megabytes: int = 30, fallback_reps: int | None = None) -> list[dict]:
+    """(a) to (e) above; the fallback row (e) always on >= 30 MB."""
     with tempfile.TemporaryDirectory() as tmp:
         texts = stdlib_texts(megabytes << 20)
         raw = write_corpus(os.path.join(tmp, "raw"), texts)
         tok = cl100k(tmp)
         rows = throughput_rows(tmp, texts, raw, tok, reps, "stdlib source, cl100k")
+        if megabytes < 30:
+            texts = stdlib_texts(30 << 20)
+            raw = write_corpus(os.path.join(tmp, "raw-30"), texts)
+        rows.append(fallback_row(tmp, texts, raw, cl100k_with_gaps(tmp), fallback_reps or reps,
+                                 "stdlib source, cl100k with its id gaps"))
         rows.append(memory_row(tmp, tok, megabytes))
     return rows
 
@@ -206,5 +263,5 @@ def measure(reps: int = 5, megabytes: int = 30) -> list[dict]:
 if __name__ == "__main__":
     quick = "--quick" in sys.argv
     sys.path.insert(0, str(ROOT))
-    for result in measure(reps=2 if quick else 5, megabytes=10 if quick else 30):
+    for result in measure(reps=2 if quick else 5, megabytes=10 if quick else 30, fallback_reps=1 if quick else None):
         print(json.dumps(result))

@@ -5,7 +5,8 @@ that writes arrays.
 A cache's ledger (`shard_ledger.json`) records each file's committed rows, so a crash loses at most
 one commit and a re-run continues where it stopped: finished files are skipped, the file being
 written continues after its committed documents. Reading and decompressing (a thread), tokenizing
-(Rust, off the GIL) and writing (a thread) overlap.
+(Rust, off the GIL) and framing and writing (a thread) overlap, as one pipeline across a cache's files: no stage
+waits for another at a file's end, and the writer appends as tokens come, not once per commit.
 
 Empty documents — no text, or only whitespace — are dropped in every format (`text-lines` and JSON
 lines never had blank *lines* as documents; a blank `text-file` file is one dropped document): their
@@ -32,6 +33,9 @@ from marin_assets.pipeline.tokens.encoders import encoder
 
 BATCH_CHARACTERS = 1 << 20
 """Texts are encoded in batches of about this many characters (fastokens needs large batches)."""
+WRITE_TOKENS = 1 << 20
+"""The writer appends to the arrays once this many tokens are waiting (and at every commit): each append has a
+fixed cost (it reads the arrays' sizes and writes the row count), so a few large ones beat many small ones."""
 EMPTY_DROPPED = "empty_documents_dropped"
 """The ledger's `field_counts` key prefix (`empty_documents_dropped/<shard>`) and the record's field name."""
 TOKENS_FIELD = "input_ids"
@@ -125,13 +129,18 @@ def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, te
                    backend: str = "tokenizers", labels: Sequence[str] | None = None) -> CacheCounts:
     """Input files, in order, appended to one cache whose ledger records each file's committed rows (and
     empty documents dropped); resumes from its last commit (finished files are skipped, the current one
-    continues). Returns the cache's counts."""
+    continues). Returns the cache's counts.
+
+    One pipeline runs across all the files: a reader thread reads and decompresses them in order (running
+    ahead into the next file), this thread tokenizes (both Rust tokenizers release the GIL), and a writer
+    thread turns the tokenizer's output into framed ids, appends them to the arrays as they come and commits
+    the ledger every `rows_per_commit` documents and at the end of every file.
+    """
     finished_already = finished_counts(cache_dir, tokenizer_path)
     if finished_already is not None:
         return finished_already
     processor = text_processor(tokenizer_path)
-    metadata = lc.cache_metadata(processor)
-    encode = encoder(tokenizer_path, framing, backend).encode
+    metadata = _metadata(tokenizer_path)
     shards = [_shard_name(label, f) for label, f in zip(labels or [f"{i:05d}" for i in range(len(files))], files,
                                                          strict=True)]
     ledger = lc.load_ledger(cache_dir)
@@ -142,89 +151,139 @@ def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, te
     shard_rows, finished = dict(ledger.shard_rows), list(ledger.finished_shards)
     dropped = _dropped_in(ledger.field_counts)
     done = {"rows": ledger.total_num_rows, "tokens": int(store.tree[TOKENS_FIELD].data_size)}
-    for file, shard in zip(files, shards, strict=True):
-        if shard in finished:
-            continue
-        # The file being tokenized when a previous attempt stopped: skip what it read (kept and dropped).
-        skip = shard_rows.get(shard, 0) + dropped.get(shard, 0)
-        before = done["rows"] - shard_rows.get(shard, 0)  # rows of the cache before this file
+    # The file being tokenized when a previous attempt stopped continues after what it read (kept and dropped).
+    todo = [(file, shard, shard_rows.get(shard, 0) + dropped.get(shard, 0))
+            for file, shard in zip(files, shards, strict=True) if shard not in finished]
 
-        def commit(shard: str = shard, before: int = before) -> None:
-            shard_rows[shard] = done["rows"] - before
-            _commit(cache_dir, done["rows"], done["tokens"], shard_rows, finished, False, metadata, dropped)
+    before: dict[str, int] = {}  # rows of the cache before each file (set by the writer as it reaches the file)
 
-        _append_file(file, shard, store, encode, lc.prepared_batch(), text_field, text_format, rows_per_commit, commit,
-                     done, dropped, skip)
-        finished.append(shard)
-        commit()
+    def commit(shard: str, file_done: bool = False) -> None:
+        """(On the writer thread) record what is written of `shard` — all of it with `file_done` — and commit."""
+        shard_rows[shard] = done["rows"] - before[shard]
+        if file_done:
+            finished.append(shard)
+        _commit(cache_dir, done["rows"], done["tokens"], shard_rows, finished, False, metadata, dropped)
+
+    def begin(shard: str) -> None:
+        """(On the writer thread) before the first row of `shard` is written: rows of the cache before it."""
+        before.setdefault(shard, done["rows"] - shard_rows.get(shard, 0))
+
+    pipeline = _Pipeline(todo, store, encoder(tokenizer_path, framing, backend), lc.prepared_batch(), text_field,
+                         text_format, rows_per_commit, begin, commit, done, dropped)
+    try:
+        for file, shard, skip in todo:
+            _append_file(file, shard, store, pipeline, skip)
+    finally:
+        pipeline.close()
     _commit(cache_dir, done["rows"], done["tokens"], shard_rows, finished, True, metadata, dropped)
     return CacheCounts(done["rows"], done["tokens"], sum(dropped.values()))
 
 
-def _append_file(file: str, shard: str, store: Any, encode: Any, prepared: Any, text_field: str, text_format: str,
-                 rows_per_commit: int, commit: Any, done: dict[str, int], dropped: dict[str, int], skip: int) -> None:
-    """Append one file's documents after its first `skip` to `store`, calling `commit()` every
-    `rows_per_commit` documents, when `done["rows"]`, `done["tokens"]` and `dropped[shard]` count exactly what
-    was written.
+@functools.lru_cache(maxsize=8)
+def _metadata(tokenizer_path: str) -> Any:
+    """The ledger metadata of caches built with a tokenizer folder (Levanter's `BatchTokenizer.metadata` calls
+    `len()` on the transformers tokenizer: ~0.1 s for a 100k vocabulary, once per process and folder)."""
+    return lc.cache_metadata(text_processor(tokenizer_path))
 
-    Three stages overlap: reading and decompressing (reader thread), tokenizing (here; both Rust
-    tokenizers release the GIL), writing and committing in order (writer thread).
-    """
-    batches: queue.Queue = queue.Queue(maxsize=4)
-    tokenized: queue.Queue = queue.Queue(maxsize=4)
-    failure: dict[str, BaseException] = {}
 
-    def read() -> None:
+_END = object()
+"""The reader's mark after a file's last batch, and the main thread's to the writer."""
+
+
+class _Pipeline:
+    """The reader and writer threads of one `tokenize_files` call, shared by its files (see there). Its state —
+    `done`, `dropped`, the ledger — is touched by the writer thread only, until `close` has joined it."""
+
+    def __init__(self, todo: Sequence[tuple[str, str, int]], store: Any, encoder: Any, prepared: Any, text_field: str,
+                 text_format: str, rows_per_commit: int, begin: Any, commit: Any, done: dict[str, int],
+                 dropped: dict[str, int]) -> None:
+        self.encoder, self.stopped = encoder, False
+        self.failure: dict[str, BaseException] = {}
+        self.batches: queue.Queue = queue.Queue(maxsize=4)
+        self.tokenized: queue.Queue = queue.Queue(maxsize=4)
+        self._reader = threading.Thread(target=self._read, args=(todo, text_field, text_format), daemon=True,
+                                        name="tokenize reader")
+        self._writer = threading.Thread(target=self._write, args=(store, prepared, rows_per_commit, begin, commit,
+                                                                  done, dropped), daemon=True, name="tokenize writer")
+        self._reader.start()
+        self._writer.start()
+
+    def _read(self, todo: Sequence[tuple[str, str, int]], text_field: str, text_format: str) -> None:
         try:
-            for batch in _text_batches(file, text_field, text_format, skip):
-                batches.put(batch)
+            for file, _, skip in todo:
+                for batch in _text_batches(file, text_field, text_format, skip):
+                    self.batches.put(batch)
+                self.batches.put(_END)
         except BaseException as e:
-            failure["read"] = e
+            self.failure["read"] = e
         finally:
-            batches.put(None)
+            self.batches.put(None)
 
-    def write() -> None:
+    def _write(self, store: Any, prepared: Any, rows_per_commit: int, begin: Any, commit: Any, done: dict[str, int],
+               dropped: dict[str, int]) -> None:
         pending: list[Any] = []
-        rows = empties = 0
+        rows = tokens = 0  # rows handed over since the last commit; tokens not yet written
         ended = False
-        try:
-            while (item := tokenized.get()) is not None:
-                batch, batch_empties = item
-                empties += batch_empties
-                if batch is not None:
-                    pending.append(batch)
-                    rows += batch.num_rows
-                if rows >= rows_per_commit:
-                    _extend(store, prepared.concat(pending), done, rows)
-                    dropped[shard] = dropped.get(shard, 0) + empties
-                    pending, rows, empties = [], 0, 0
-                    commit()
-            ended = True
+
+        def write() -> None:
+            nonlocal pending, tokens
             if pending:
-                _extend(store, prepared.concat(pending), done, rows)
-            dropped[shard] = dropped.get(shard, 0) + empties
+                batch = prepared.concat(pending) if len(pending) > 1 else pending[0]
+                _extend(store, batch, done, batch.num_rows)
+            pending, tokens = [], 0
+
+        try:
+            while (item := self.tokenized.get()) is not None:
+                shard, started, empties = item
+                begin(shard)
+                if started is _END:
+                    write()
+                    commit(shard, file_done=True)
+                    rows = 0
+                    continue
+                if started is not None:
+                    pending.append(prepared(*self.encoder.assemble(started), None))
+                    rows += pending[-1].num_rows
+                    tokens += len(pending[-1].data)
+                dropped[shard] = dropped.get(shard, 0) + empties
+                if rows >= rows_per_commit:
+                    write()
+                    commit(shard)
+                    rows = 0
+                elif tokens >= WRITE_TOKENS:
+                    write()
+            ended = True
         except BaseException as e:
-            failure["write"] = e
-            while not ended and tokenized.get() is not None:  # keep the producer from blocking
+            self.failure["write"] = e
+            while not ended and self.tokenized.get() is not None:  # keep the producer from blocking
                 pass
 
-    reader = threading.Thread(target=read, name=f"read {shard}", daemon=True)
-    writer = threading.Thread(target=write, name=f"write {shard}", daemon=True)
-    reader.start()
-    writer.start()
-    try:
-        while (item := batches.get()) is not None:
-            texts, empties = item
-            tokenized.put((prepared(*encode(texts), None) if texts else None, empties))
-    finally:
-        tokenized.put(None)
-        writer.join()
-        while reader.is_alive():  # drain so a failed tokenizer does not leave the reader blocked
-            if batches.get() is None:
+    def close(self) -> None:
+        """Wait for the writer (everything handed to it is written and committed) and stop the reader; raise what
+        failed."""
+        self.tokenized.put(None)
+        self._writer.join()
+        while self._reader.is_alive():  # drain so a failed tokenizer does not leave the reader blocked
+            if self.batches.get() is None:
                 break
-        reader.join()
-    if failure:
-        raise failure.get("read") or failure["write"]
+        self._reader.join()
+        if self.failure:
+            raise self.failure.get("read") or self.failure["write"]
+
+
+def _append_file(file: str, shard: str, store: Any, pipeline: _Pipeline, skip: int) -> None:
+    """Tokenize one file's documents after its first `skip` (what its ledger committed, kept and dropped), as
+    the pipeline's reader yields them, and hand them to its writer, which appends them to `store` and commits.
+    Returns once the file is handed over (the writer may still be writing it); `_Pipeline.close` waits."""
+    del file, store, skip  # the reader reads `file` after `skip`; the writer writes `store`
+    while not pipeline.stopped and (item := pipeline.batches.get()) is not _END:
+        if item is None or "write" in pipeline.failure:  # the reader or the writer failed: `close` raises it
+            pipeline.stopped = True
+            return
+        texts, empties = item
+        pipeline.tokenized.put((shard, pipeline.encoder.start(texts) if texts else None, empties))
+    if not pipeline.stopped:
+        pipeline.tokenized.put((shard, _END, 0))
 
 
 def _extend(store: Any, batch: Any, done: dict[str, int], rows: int) -> None:
@@ -246,7 +305,7 @@ def commit_sharded(part_names: Sequence[str], cache_dir: str, tokenizer_path: st
             raise RuntimeError(f"sub-cache {join_path(cache_dir, name)} is not finished")
         parts.append((name, part_ledger.total_num_rows, part_ledger.field_counts))
     lc.commit_ledger(cache_dir, lc.sharded_ledger(cache_dir, processor.output_exemplar, parts,
-                                                  lc.cache_metadata(processor)))
+                                                  _metadata(tokenizer_path)))
 
 
 def _tokenize_part(options: dict[str, Any], file_and_part: tuple[str, str]) -> CacheCounts:

@@ -9,14 +9,16 @@ Two backends produce the same ids: Hugging Face `tokenizers` (the reference: the
 and Levanter use) and `fastokens` (Rust, Hugging Face parity, ids returned as one buffer with no
 Python int per token; ~10× faster on a 100k-vocabulary BPE). fastokens is used only when it loads the
 tokenizer and agrees with `tokenizers` on a sample of the input; the choice and its reason are
-recorded. Ids always travel as numpy arrays: `(ids, ends)`, `ends[i]` = end of document i in `ids`.
+recorded (and a tokenizer fastokens refuses is tried once per process). Ids always travel as numpy arrays:
+`(ids, ends)`, `ends[i]` = end of document i in `ids`. `Encoder.start` / `Encoder.assemble` split an encode into
+the Rust call and the array work after it, so that a pipeline runs them on two threads.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,22 +72,25 @@ def framing_of(tokenizer: Any, style: str, where: str = "") -> Framing:
 
 
 def frame(ids: np.ndarray, ends: np.ndarray, framing: Framing) -> tuple[np.ndarray, np.ndarray]:
-    """Insert BOS/EOS ids around every document of a flat batch, without a Python loop over tokens."""
+    """Insert BOS/EOS ids around every document of a flat batch, without a Python loop over tokens: the
+    framing ids go to their places and a boolean mask takes the tokens (no index array per token). `ids` may be
+    any integer dtype (fastokens' uint32 buffer is cast once, here)."""
     bos, eos = framing.bos_id, framing.eos_id
     b, e = int(bos is not None), int(eos is not None)
     if not b and not e:
-        return ids, ends
+        return ids.astype(np.int32, copy=False), ends
     n = len(ends)
-    lengths = np.diff(ends, prepend=0)
-    new_ends = np.cumsum(lengths + b + e, dtype=np.int64)
+    new_ends = ends + np.arange(1, n + 1, dtype=np.int64) * (b + e)
     out = np.empty(int(new_ends[-1]) if n else 0, dtype=np.int32)
-    new_starts = new_ends - lengths - b - e
+    tokens = np.ones(len(out), dtype=bool)
     if bos is not None:
-        out[new_starts] = bos
+        starts = new_ends - np.diff(ends, prepend=0) - b - e
+        out[starts] = bos
+        tokens[starts] = False
     if eos is not None:
         out[new_ends - 1] = eos
-    shift = (new_starts + b) - (ends - lengths)  # where each document's tokens move to
-    out[np.arange(len(ids), dtype=np.int64) + np.repeat(shift, lengths)] = ids
+        tokens[new_ends - 1] = False
+    out[tokens] = ids
     return out, new_ends
 
 
@@ -110,30 +115,69 @@ def _reference(tokenizer_path: str) -> Any:
     return rust
 
 
-@functools.lru_cache(maxsize=8)
 def _fastokens(tokenizer_path: str) -> Any:
+    """fastokens' tokenizer for a folder, or the error it refused it with (raised again on every call)."""
+    loaded, refusal = _fastokens_or_refusal(tokenizer_path)
+    if refusal is not None:
+        raise refusal.with_traceback(None)
+    return loaded
+
+
+@functools.lru_cache(maxsize=8)
+def _fastokens_or_refusal(tokenizer_path: str) -> tuple[Any, Exception | None]:
+    """Loaded once per process and (content-addressed, unchanging) folder, a refusal included: fastokens takes
+    as long to refuse a 100k vocabulary (an id gap, say) as to load one, and the fallback path would pay it again
+    for every cache."""
     import fastokens
 
-    raw = read_bytes(join_path(tokenizer_path, "tokenizer.json"))
-    if raw is None:
-        raise TokenizerError(f"no tokenizer.json in {tokenizer_path}")
-    return fastokens.Tokenizer.from_json_str(raw.decode())
+    try:
+        raw = read_bytes(join_path(tokenizer_path, "tokenizer.json"))
+        if raw is None:
+            raise TokenizerError(f"no tokenizer.json in {tokenizer_path}")
+        return fastokens.Tokenizer.from_json_str(raw.decode()), None
+    except Exception as e:  # noqa: BLE001 — any refusal means: use the reference
+        return None, e
+
+
+def _tokenizers_raw(tokenizer_path: str, texts: Sequence[str]) -> list[Any]:
+    """`tokenizers`' encodings of `texts` (`encode_batch_fast` skips the offsets; the GIL is released)."""
+    rust = _reference(tokenizer_path)
+    encode_batch = getattr(rust, "encode_batch_fast", rust.encode_batch)
+    return encode_batch(list(texts), add_special_tokens=False)
+
+
+def _tokenizers_flat(encodings: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Encodings → (ids, ends): the Python work of this backend (`e.ids` makes a list per document)."""
+    return _flatten([e.ids for e in encodings])
 
 
 def encode_tokenizers(tokenizer_path: str, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Unframed ids of `texts` by Hugging Face `tokenizers` (`encode_batch_fast` skips the offsets)."""
-    rust = _reference(tokenizer_path)
-    encode_batch = getattr(rust, "encode_batch_fast", rust.encode_batch)
-    return _flatten([e.ids for e in encode_batch(list(texts), add_special_tokens=False)])
+    return _tokenizers_flat(_tokenizers_raw(tokenizer_path, texts))
+
+
+def _fastokens_raw(tokenizer_path: str, texts: Sequence[str]) -> tuple[Any, Any]:
+    """fastokens' two buffers for `texts` (the GIL is released while they are made)."""
+    return _fastokens(tokenizer_path).encode_batch_flat(list(texts), add_special_tokens=False)
+
+
+def _fastokens_flat(buffers: tuple[Any, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """fastokens' buffers as arrays, without a copy: ids stay little-endian uint32 (framing casts them once)."""
+    ids, offsets = buffers
+    return np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8")[1:].astype(np.int64)
 
 
 def encode_fastokens(tokenizer_path: str, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Unframed ids of `texts` by fastokens: one little-endian uint32 buffer and uint64 offsets."""
-    ids, offsets = _fastokens(tokenizer_path).encode_batch_flat(list(texts), add_special_tokens=False)
-    return np.frombuffer(ids, dtype="<u4").astype(np.int32), np.frombuffer(offsets, dtype="<u8")[1:].astype(np.int64)
+    ids, ends = _fastokens_flat(_fastokens_raw(tokenizer_path, texts))
+    return ids.astype(np.int32), ends
 
 
 ENCODERS = {"tokenizers": encode_tokenizers, "fastokens": encode_fastokens}
+_STAGES: dict[str, tuple[Callable[[str, Sequence[str]], Any], Callable[[Any], tuple[np.ndarray, np.ndarray]]]] = {
+    "tokenizers": (_tokenizers_raw, _tokenizers_flat), "fastokens": (_fastokens_raw, _fastokens_flat)}
+"""Each backend in two stages: the Rust call (GIL released) and turning its output into arrays (Python and
+numpy work), so that a pipeline can run the second stage of one batch while the first runs on the next."""
 
 
 @dataclass(frozen=True)
@@ -202,11 +246,24 @@ class Encoder:
 
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(ids int32, ends int64) of the framed documents."""
+        return self.assemble(self.start(texts))
+
+    def start(self, texts: Sequence[str]) -> Any:
+        """The first stage of `encode`: the tokenizer's own output for `texts` (made off the GIL by both Rust
+        backends); `assemble` turns it into framed ids, possibly on another thread."""
         if not texts:
-            return np.empty(0, np.int32), np.empty(0, np.int64)
+            return None
         if self.framing.style == "levanter":
             return _levanter_encode(self.tokenizer_path, texts)
-        return frame(*ENCODERS[self.backend](self.tokenizer_path, texts), self.framing)
+        return _STAGES[self.backend][0](self.tokenizer_path, texts)
+
+    def assemble(self, started: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(ids int32, ends int64) of the framed documents from what `start` returned."""
+        if started is None:
+            return np.empty(0, np.int32), np.empty(0, np.int64)
+        if self.framing.style == "levanter":
+            return started
+        return frame(*_STAGES[self.backend][1](started), self.framing)
 
 
 @functools.lru_cache(maxsize=16)
