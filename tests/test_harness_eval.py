@@ -256,9 +256,50 @@ def test_the_result_shows_as_a_table_one_row_per_task(evaluated):
     assert all(rows[n]["acc"] == tasks[n]["acc"] and rows[n]["acc_stderr"] == tasks[n]["acc_stderr"] for n in rows)
     assert rows["pydocs_next_sentence"]["acc_norm"] == tasks["pydocs_next_sentence"]["acc_norm"]
     assert rows["pydocs_last_word"]["samples"] == LIMIT and rows["pydocs_last_word"]["num_fewshot"] == 2
+    # beside each score, its overlap with the model's training data (the tiny stories): none, and said so
+    assert columns["contamination"] == "float" and columns["contaminated"] == "bool"
+    assert all(rows[n]["contamination"] == 0.0 and rows[n]["contaminated"] is False for n in rows)
+    contamination = outcome.record.result["contamination"]
+    assert contamination["model"] == "checkpoints/h-llama" and contamination["datasets"] == ["raw/h"]
+    assert {n: t["examples"] for n, t in contamination["tasks"].items()} == {n: LIMIT for n in rows}  # those scored
+    assert metadata["result.contamination_status"].startswith(
+        f"clean: none of the {2 * LIMIT} scored documents of 2 tasks shares a 15-gram with the training data (raw/h)")
     check = {c.name: c for c in evaluated[0].checks}["every_task_scored"]
     assert check.fn(outcome.output_path, outcome.record.result).passed
     assert not check.fn(outcome.output_path, {"tasks": {"pydocs_next_sentence": {"acc": None}}}).passed
+
+
+def test_a_score_on_documents_the_model_was_trained_on_is_marked_contaminated(trained, tmp_path):
+    """A task whose documents are, for some, sentences of the training stories and, for the others, the shipped
+    task's documentation sentences: its score carries exactly the planted share, found through the lineage."""
+    from marin_assets.dagster.metadata import result_metadata
+    from marin_assets.pipeline.data.readers import iter_documents
+    from marin_assets.pipeline.data.text_files import expand_files
+
+    pipeline, prefix, _ = trained
+    stories = [text for _, _, text in iter_documents(expand_files(pipeline["corpus"].output_path, ["train/*"]))]
+    planted = [" ".join(text.split()[:20]) for text in stories[5:8]]
+    with open(SHIPPED_TASKS_DIR / "pydocs_last_word" / "test.jsonl") as f:
+        clean = [json.loads(line) for line in f][:5]
+    yaml_path = copy_task("pydocs_last_word", tmp_path)
+    rows = [{"context": t.rsplit(" ", 1)[0], "word": t.rsplit(" ", 1)[1]} for t in planted] + clean
+    order = [1, 5, 0, 6, 7, 2, 3, 4]  # the planted rows (0, 1, 2) among the others
+    expected = [doc_id for doc_id, row in enumerate(order) if row < len(planted)]
+    with open(tmp_path / "pydocs_last_word" / "test.jsonl", "w") as f:
+        f.writelines(json.dumps(rows[i]) + "\n" for i in order)
+    step = harness_eval_step("evals/h-harness-planted", pipeline["train"], [yaml_path])
+    outcome = materialize_step(step, prefix=prefix)
+    scored = load_result(step, HarnessResult)
+    task = scored.tasks["pydocs_last_word"]
+    assert task.samples == len(rows) and task.contamination == 3 / len(rows) and task.contaminated is True
+    found = scored.contamination.tasks["pydocs_last_word"]
+    assert found.ids == expected and found.per_dataset == {"raw/h": 3 / len(rows)}
+    assert {h.example for h in found.hits} <= set(map(str, expected)) and all(h.train == "raw/h" for h in found.hits)
+    assert scored.contamination_status.startswith("CONTAMINATED: pydocs_last_word 3/8 (37.5%) of the scored"
+                                                  " documents share a 15-gram with the training data (raw/h)")
+    table = result_metadata(outcome.record.result)["result.tasks"]
+    assert [r.data["contaminated"] for r in table.records] == [True]
+    assert step.eval_kind.summary_columns(outcome.record.result)["pydocs_last_word/contamination"] == 3 / len(rows)
 
 
 def test_every_checkpoint_is_a_partition_with_a_table_of_all(trained, local_ray, dagster_home):

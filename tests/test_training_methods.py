@@ -1,7 +1,7 @@
-"""The training-method seam: pretraining (`train_step`, `LmTraining`) and SFT (`sft_step`, `SftTraining`) run on
-the one runner and meet the same assertions — the record says its method, steps, checkpoints (the last step
-always saved) and losses; metrics, reference config and attempts lie beside the checkpoints; a second call on a
-finished run trains nothing and returns the same record."""
+"""The training-method seam: pretraining (`train_step`, `LmTraining`), SFT (`sft_step`, `SftTraining`) and DPO
+(`dpo_step`, `DpoTraining`) run on the one runner and meet the same assertions — the record says its method, steps,
+checkpoints (the last step always saved) and losses; metrics, reference config and attempts lie beside the
+checkpoints; a second call on a finished run trains nothing and returns the same record."""
 
 import json
 import math
@@ -16,9 +16,10 @@ from marin_assets.pipeline.training.run import TrainResult, TrainStep
 from marin_assets.pipeline.training.runner import ATTEMPTS_FILE, METRICS_FILE, run_training
 from marin_assets.pipeline.training.sft import SftTraining
 from marin_assets.pipeline.training.sources import TrainSourceError
+from tests.support.dpo import DpoSteps
 from tests.test_sft import Pipeline
 
-METHODS = {"train_lm": lambda p: p.base, "sft": lambda p: p.sft}
+METHODS = {"train_lm": lambda p: p.base, "sft": lambda p: p.sft, "dpo": lambda p: DpoSteps(p, p.base_export).dpo}
 """Method name (as the record says it) → the pipeline's step trained with it."""
 
 

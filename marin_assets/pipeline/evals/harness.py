@@ -11,7 +11,8 @@ tokens part) behind the document-start token training put before every document.
 tokenizes the text alone: no document-start token before the context, unlike every training document, and after
 an empty context the continuation's first token goes unscored. lm-eval then runs as `simple_evaluate` does,
 on tasks loaded without indexing its 14,700 built-in ones, and the few-shot count it reports for each task is
-checked against the one asked for."""
+checked against the one asked for. Each score carries its task's overlap with the evaluated run's training data,
+found through the run's lineage (`evals/contamination.py`), so that a contaminated score is never read as clean."""
 
 from __future__ import annotations
 
@@ -21,19 +22,26 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import open_file
 from marin_assets.core.paths import join_path
 from marin_assets.core.step import Step, StepDefinitionError
+from marin_assets.pipeline.evals.contamination import (
+    Contamination,
+    TaskContamination,
+    contamination_status,
+    task_contamination,
+)
 from marin_assets.pipeline.evals.harness_tasks import HarnessTask, HarnessTaskError, harness_task
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.evals.levanter_harness import harness_model, single_process_bootstrap
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
 from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.training.export import _step_of
+from marin_assets.pipeline.training.lineage import Lineage, training_datasets_of
 from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.specs import ModelSpec
 
@@ -72,6 +80,12 @@ class TaskScore:
     truncated: int = 0
     """Requests (one per choice) whose context was cut from the left to the model's length: few-shot examples
     lost. Many: ask for fewer examples, or evaluate a model with a longer `seq_len`."""
+    contamination: float | None = None
+    """The share of the scored documents sharing an n-gram with the model's training data (`HarnessResult.
+    contamination`); None: not measured."""
+    contaminated: bool | None = None
+    """True when some scored document is in the training data: this score is not clean. None: unknown (not
+    measured, or part of the training data could not be read and none of the rest holds a document)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,10 @@ class HarnessResult:
     """lm-eval's results JSON (all but the samples), relative to the output."""
     samples_dir: str = "samples"
     """Every scored document's prompt, choices and loglikelihoods, `{task}.jsonl`."""
+    contamination: Contamination | None = None
+    """Per task, the scored documents found in the evaluated model's training data (through its lineage)."""
+    contamination_status: str = ""
+    """One line: `clean`, `CONTAMINATED: …` or `unknown: …`, and why."""
 
 
 def _number(value: Any) -> float | None:
@@ -115,8 +133,8 @@ def task_scores(results: Mapping[str, Any], names: Sequence[str], num_fewshot: i
                                    f" num_fewshot={configured}) but {num_fewshot}-shot was asked; lm-eval keeps a"
                                    " task's own `num_fewshot: 0`: remove it from the task's YAML")
         row = results["results"][name]
-        values = {m: _number(row.get(f"{m},none")) for m in METRICS}
-        stderrs = {f"{m}_stderr": _number(row.get(f"{m}_stderr,none")) for m in METRICS}
+        values: dict[str, Any] = {m: _number(row.get(f"{m},none")) for m in METRICS}
+        stderrs: dict[str, Any] = {f"{m}_stderr": _number(row.get(f"{m}_stderr,none")) for m in METRICS}
         samples = results.get("n-samples", {}).get(name, {}).get("effective", 0)
         output_type = results.get("configs", {}).get(name, {}).get("output_type", "")
         scores[name] = TaskScore(output_type, int(samples), int(reported), **values, **stderrs,
@@ -126,12 +144,15 @@ def task_scores(results: Mapping[str, Any], names: Sequence[str], num_fewshot: i
 
 def evaluate_harness(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_path: str,
                      tasks: Sequence[HarnessTask], num_fewshot: int = 0, limit: int | None = None,
-                     vocab_size: int | None = None, batch_size: int = 8, platform: str | None = None) -> HarnessResult:
+                     vocab_size: int | None = None, batch_size: int = 8, platform: str | None = None,
+                     lineage: Lineage | None = None) -> HarnessResult:
     """lm-evaluation-harness tasks (multiple choice, loglikelihood) on a Levanter checkpoint or Hugging Face folder.
 
     Runs as `lm_eval.simple_evaluate` with `num_fewshot` examples per prompt (seeded sampling) on the first
     `limit` documents of each task (None: all); checks each task ran `num_fewshot`-shot; writes lm-eval's results
-    JSON, each task's samples and the task files used under `output_path`."""
+    JSON, each task's samples and the task files used under `output_path`. With the model's `lineage`, each
+    task's score carries the share of its scored documents found in the model's training data
+    (`evals/contamination.py`), and the result says whether the scores are clean."""
     import lm_eval
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import handle_non_serializable
@@ -167,8 +188,24 @@ def evaluate_harness(output_path: str, checkpoint: str, model: ModelSpec, tokeni
                 kept = join_path(output_path, "tasks", task.name, relative.replace("../", "_up/"))
                 with open(task.folder / relative, "rb") as src, open_file(kept, "wb") as dst:
                     shutil.copyfileobj(src, dst)
+        contamination = None
+        if lineage is not None:
+            contamination = task_contamination(tasks, lineage, {n: [r["doc_id"] for r in rows]
+                                                                for n, rows in samples.items()})
+            scores = {n: _with_contamination(s, contamination.tasks.get(n), bool(contamination.unknown))
+                      for n, s in scores.items()}
         return HarnessResult(checkpoint, _step_of(checkpoint), num_fewshot, limit, scores,
-                             round(finished - loaded, 2), round(loaded - started, 2))
+                             round(finished - loaded, 2), round(loaded - started, 2), contamination=contamination,
+                             contamination_status=contamination_status(contamination))
+
+
+def _with_contamination(score: TaskScore, task: TaskContamination | None, partial: bool) -> TaskScore:
+    """A task's score with its overlap: contaminated when some scored document is in the training data read;
+    unknown when none is but part of the training data was not read (`partial`), or nothing was measured."""
+    if task is None:
+        return score
+    return replace(score, contamination=task.fraction,
+                   contaminated=True if task.contaminated else None if partial else False)
 
 
 def every_task_scored(names: Sequence[str]) -> Check:
@@ -214,6 +251,10 @@ class HarnessEval:
     limit: int | None = None
     """Documents per task; None for all."""
     batch_size: int = 8
+    lineage: Lineage | None = field(default=None, compare=False)
+    """What the evaluated run was trained on (`training_datasets_of`): each score then carries its task's overlap
+    with that text. Not identity: the overlap is decided by what is — the tasks' content, and the training data,
+    whose steps' hashes are in the training run's identity, on which every evaluation of it depends."""
     tags: ClassVar[tuple[str, ...]] = ("levanter", "jax", "lm-eval")
     function: ClassVar[Callable[..., Any]] = staticmethod(evaluate_harness)
 
@@ -230,7 +271,7 @@ class HarnessEval:
     def evaluate(self, output_path: str, checkpoint: Checkpoint) -> HarnessResult:
         return evaluate_harness(output_path, checkpoint.path, checkpoint.model, checkpoint.tokenizer_path,
                                 self.tasks, self.num_fewshot, self.limit, vocab_size=checkpoint.vocab_size,
-                                batch_size=self.batch_size, platform=checkpoint.platform)
+                                batch_size=self.batch_size, platform=checkpoint.platform, lineage=self.lineage)
 
     def checks(self) -> list[Check]:
         return [every_task_scored([t.name for t in self.tasks])]
@@ -248,10 +289,10 @@ class HarnessEval:
         return [f"{t.name}/{m}" for t in self.tasks for m in _metrics(t)]
 
     def summary_columns(self, result: Mapping[str, Any]) -> dict[str, float | None]:
-        """Each task's acc, acc_norm and perplexity, where measured."""
+        """Each task's acc, acc_norm and perplexity, where measured, and its contamination beside them."""
         scored = result.get("tasks") or {}
         return {f"{task}/{m}": score[m] for task, score in scored.items()
-                for m in ("acc", "acc_norm", "perplexity") if score.get(m) is not None}
+                for m in ("acc", "acc_norm", "perplexity", "contamination") if score.get(m) is not None}
 
 
 def _metrics(task: HarnessTask) -> tuple[str, ...]:
@@ -265,8 +306,10 @@ def harness_eval_step(name: str, train: Step, tasks: Sequence[HarnessTask | str]
                       batch_size: int = 8, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
     """lm-eval tasks (`HarnessTask`s or YAML paths) on a checkpoint (default: the last) of a training step (its
     result is a `TrainResult`, which says the model and tokenizer) — or on `export`, a Hugging Face export of it
-    (`export_step`). Each task's files are read here: their content is the step's identity."""
-    kind = HarnessEval(tuple(_as_tasks(f"step {name!r}", tasks, num_fewshot, limit)), num_fewshot, limit, batch_size)
+    (`export_step`). Each task's files are read here: their content is the step's identity. Each score carries
+    its task's overlap with the run's training data, found through its lineage (`training_datasets_of`)."""
+    kind = HarnessEval(tuple(_as_tasks(f"step {name!r}", tasks, num_fewshot, limit)), num_fewshot, limit, batch_size,
+                       lineage=training_datasets_of(train))
     return eval_step(name, kind, train, checkpoint_step, export=export, gpu=gpu, gpu_type=gpu_type)
 
 
@@ -274,4 +317,5 @@ def harness_checkpoint_evals(name: str, train: TrainStep, tasks: Sequence[Harnes
                              limit: int | None = None) -> CheckpointEvals:
     """lm-eval tasks on each checkpoint of `train` as it lands (one partition per checkpoint)."""
     read = _as_tasks(f"checkpoint evaluations {name!r}", tasks, num_fewshot, limit)
-    return CheckpointEvals(name, train, HarnessEval(tuple(read), num_fewshot, limit))
+    return CheckpointEvals(name, train, HarnessEval(tuple(read), num_fewshot, limit,
+                                                    lineage=training_datasets_of(train)))

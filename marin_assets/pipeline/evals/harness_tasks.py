@@ -87,6 +87,27 @@ class HarnessTask:
         config["dataset_kwargs"] = kwargs
         return config
 
+    def examples(self, cache_dir: str | None = None) -> list[tuple[int, str]]:
+        """(lm-eval's `doc_id`, text) of each document lm-eval scores (its test split, else validation), the text
+        being what a model that had seen the test would have read: the prompt (`doc_to_text`), the target
+        delimiter and the gold answer (`doc_to_target`; for multiple choice, the gold choice — not the others).
+        Rendered by lm-eval itself, so templates, `process_docs` and `!function`s apply as when scoring."""
+        from lm_eval.tasks import TaskManager
+
+        self.verify()
+        task = TaskManager(include_defaults=False).load([self.config(cache_dir=cache_dir)])["tasks"][self.name]
+        delimiter = task.config.target_delimiter
+        out = []
+        for doc_id, doc in enumerate(task.eval_docs):
+            context, target = task.doc_to_text(doc), task.doc_to_target(doc)
+            if task.config.output_type == "multiple_choice":
+                choices = task.doc_to_choice(doc)
+                context = choices[context] if isinstance(context, int) else context  # a choice as the context
+                golds = target if isinstance(target, list) else [target]
+                target = " ".join(choices[t] if isinstance(t, int) else str(t) for t in golds)
+            out.append((doc_id, f"{context}{delimiter}{target}"))
+        return out
+
 
 _FUNCTION_TAG = re.compile(r"!function\s+([A-Za-z_][\w.]*)\.[A-Za-z_]\w*")
 

@@ -126,14 +126,34 @@ def chat_template_for(tokenizer: Any, chat_template: str | None = None) -> str:
     return template
 
 
-def chat_template_of_cache(cache_dir: str) -> str | None:
-    """The template a cache's conversations were rendered with (from Levanter's ledger of its `train` or
-    `validation` split), or None for a text cache: how a reader of the cache tells the format."""
+def _cache_metadata(cache_dir: str) -> dict[str, Any]:
+    """The processor metadata Levanter's ledger of a cache's `train` or `validation` split records ({}: none)."""
     for split in ("train", "validation"):
         ledger = lc.load_ledger(join_path(cache_dir, split))
         if ledger is not None:
-            return (ledger.metadata.preprocessor_metadata or {}).get("chat_template")
-    return None
+            return dict(ledger.metadata.preprocessor_metadata or {})
+    return {}
+
+
+def is_preference_metadata(metadata: Mapping[str, Any]) -> bool:
+    """Whether a ledger's processor metadata is that of Levanter's `PreferenceChatProcessor` (a `ChatProcessor`'s per
+    side, under `chosen` and `rejected`): the rows are preference pairs."""
+    return all(isinstance(metadata.get(side), Mapping) for side in ("chosen", "rejected"))
+
+
+def is_preference_cache(cache_dir: str) -> bool:
+    """Whether a cache holds preference pairs (`pipeline/tokens/preference.py`), from its ledger: only DPO reads it."""
+    return is_preference_metadata(_cache_metadata(cache_dir))
+
+
+def chat_template_of_cache(cache_dir: str) -> str | None:
+    """The template a cache's conversations were rendered with (from Levanter's ledger of its `train` or
+    `validation` split; of a preference cache, its sides'), or None for a text cache: how a reader of the cache
+    tells the format (`is_preference_cache` tells a preference cache from a chat cache)."""
+    metadata = _cache_metadata(cache_dir)
+    if is_preference_metadata(metadata):
+        return metadata["chosen"].get("chat_template")
+    return metadata.get("chat_template")
 
 
 def span_masks(offsets: Any, spans: Sequence[tuple[int, int]]) -> np.ndarray:

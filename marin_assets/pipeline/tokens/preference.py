@@ -129,6 +129,23 @@ def _split_counts(arrays: Any, chunk: int = 1 << 24) -> tuple[int, int]:
     return tokens, assistant
 
 
+def _longest_row(array: Any) -> int:
+    """Tokens of the longest row of one of a cache's jagged arrays, from its row offsets alone (no token is read):
+    Levanter's `JaggedArrayStore` keeps the row count at `offsets[0]` and row i's end at `offsets[i + 1]`."""
+    rows = int(array.num_rows)
+    if rows == 0:
+        return 0
+    ends = np.asarray(array.offsets[1:rows + 1].read().result(), dtype=np.int64)
+    return int(np.diff(ends, prepend=0).max())
+
+
+def longest_side(cache_dir: str, exemplar: dict) -> int:
+    """Tokens of the longer side of the longest pair of a finished preference cache split: the sequence a DPO run
+    needs (for records made before `SplitStats.max_tokens` was)."""
+    arrays = lc.load_cache(cache_dir, exemplar).jagged_array_tree()
+    return max(_longest_row(arrays[f"{side}_input_ids"]) for side in SIDES)
+
+
 def tokenize_preference_files(files: Sequence[str], cache_dir: str, processor: PreferenceRenderer,
                               batch_size: int = 256) -> tuple[int, int, int]:
     """Preference shards, in order, into one preference cache, resumably (`chat.write_files_resumably`).
@@ -161,12 +178,13 @@ def preference_tokenize(output_path: str, dataset_path: str, tokenizer_path: str
                                                                         processor, batch_size)
             if pairs == 0:
                 raise DatasetError(f"preference split {data_split!r} of {dataset_path} has no pairs")
-            stats[split] = SplitStats(pairs, tokens, len(files))
+            longest = longest_side(join_path(output_path, split), processor.output_exemplar)
+            stats[split] = SplitStats(pairs, tokens, len(files), max_tokens=longest)
         tokens = sum(s.tokens for s in stats.values())
         return TokenizedCache(output_path, tokenizer_path, fingerprint, largest_token_id(tokenizer) + 1, stats,
                               round(tokens / max(time.monotonic() - started, 1e-9), 1), None, "tokenizers",
                               "chat templates render through transformers' apply_chat_template", "jsonl",
-                              chat_template=processor.chat_template, assistant_tokens=assistant)
+                              chat_template=processor.chat_template, assistant_tokens=assistant, preference=True)
 
 
 def pairs_without_answers(cache_dir: str, exemplar: dict, batch: int = 1024) -> tuple[int, int]:
@@ -226,8 +244,9 @@ def preference_tokenize_step(name: str, prefs: Step, tokenizer: Step, chat_templ
         checks=[CACHE_NOT_EMPTY, tokenizer_matches(tokenizer), BOTH_SIDES],
         tokenizer=tokenizer,
         chat=False,  # not an SFT chat cache: its rows are pairs, which only DPO reads
+        preference=True,
     )
 
 
-__all__ = ["BOTH_SIDES", "FORMAT", "PreferenceRenderer", "pairs_without_answers", "preference_exemplar",
-           "preference_tokenize", "preference_tokenize_step", "tokenize_preference_files"]
+__all__ = ["BOTH_SIDES", "FORMAT", "PreferenceRenderer", "longest_side", "pairs_without_answers",
+           "preference_exemplar", "preference_tokenize", "preference_tokenize_step", "tokenize_preference_files"]

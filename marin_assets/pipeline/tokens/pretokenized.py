@@ -326,6 +326,7 @@ def pretokenized_step(name: str, source: str, tokenizer: Step, revision: str = "
         checks=[CACHE_NOT_EMPTY, tokenizer_matches(tokenizer)],
         tokenizer=tokenizer,
         chat=None,  # the downloaded cache's ledger says
+        preference=None,  # and whether it holds preference pairs
     )
 
 

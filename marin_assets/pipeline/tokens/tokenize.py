@@ -64,6 +64,9 @@ class SplitStats:
     empty_documents_dropped: int = 0
     """Documents with no text or only whitespace, left out of the cache (0 in records made before they were
     counted, when JSON lines and parquet kept them as `[BOS, EOS]`)."""
+    max_tokens: int | None = None
+    """Tokens of the longest document — of a preference cache, the longer side of any pair: what a DPO run's
+    sequence must hold (None: not recorded, as for text and chat caches)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ class TokenizedCache:
     assistant tokens only), to the template it was rendered with (`pipeline/tokens/chat.py`); None: a text cache."""
     assistant_tokens: dict[str, int] = field(default_factory=dict)
     """Per split of a chat cache, how many of its tokens carry loss (the assistant turns)."""
+    preference: bool = False
+    """A preference cache (`pipeline/tokens/preference.py`: per row a chosen and a rejected conversation, ids and
+    assistant masks): only DPO reads it; LM training and SFT refuse it."""
 
 
 def tokenizer_fingerprint(tokenizer_path: str) -> str:
@@ -251,6 +257,9 @@ class TokenizeStep(Step):
     chat: bool | None = field(default=False, kw_only=True)
     """Whether its cache is a chat cache (ids and assistant masks, `chat_tokenize_step`); None: known only once
     it exists (a pretokenized cache), from its record."""
+    preference: bool | None = field(default=False, kw_only=True)
+    """Whether its cache is a preference cache (chosen/rejected pairs, `preference_tokenize_step`), which only DPO
+    reads; None: known only once it exists, from its record. Not identity."""
 
 
 def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, list[str]] | None = None,

@@ -19,10 +19,23 @@ from marin_assets.pipeline.training.specs import MIXTURE_BLOCK_SIZE
 @functools.cache
 def _mixture_class():
     from levanter.data.text.datasets import LmDataConfig
+
+    return _with_model_vocab(LmDataConfig)
+
+
+@functools.cache
+def _preference_class():
+    from levanter.data.text.preference import PreferenceLmDataConfig
+
+    return _with_model_vocab(PreferenceLmDataConfig)
+
+
+def _with_model_vocab(base: type) -> type:
+    """`base` (one of Levanter's data configs) whose tokenizer is a `model_vocab_view` for the model's vocabulary."""
     from levanter.tokenizers import load_tokenizer
 
     @dataclass(frozen=True)
-    class ModelVocabDataConfig(LmDataConfig):
+    class ModelVocabDataConfig(base):
         """Levanter's data config whose tokenizer is a `model_vocab_view` for the model's vocabulary."""
 
         model_vocab_size: int | None = None
@@ -66,15 +79,46 @@ def data_config(tokenizer: str, caches: dict[str, str],
                             mixture_block_size=block_size)
 
 
+class PreferenceCacheError(ValueError):
+    """A preference cache was given where language-model data is read (training, SFT, loss evaluation)."""
+
+
 def cache_format(cache_dir: str):
     """Levanter's format for a finished cache: `ChatLmDatasetFormat` (packed conversations, loss on the tokens
-    its assistant masks mark) when its ledger records a chat template, else text."""
+    its assistant masks mark) when its ledger records a chat template, else text. A preference cache is refused
+    (`PreferenceCacheError`): its rows are pairs, which only DPO reads (`preference_data_config`)."""
     from levanter.data.text.formats import ChatLmDatasetFormat, TextLmDatasetFormat
 
-    from marin_assets.pipeline.tokens.chat import MESSAGES_FIELD, chat_template_of_cache
+    from marin_assets.pipeline.tokens.chat import MESSAGES_FIELD, chat_template_of_cache, is_preference_cache
 
+    if is_preference_cache(cache_dir):
+        raise PreferenceCacheError(f"{cache_dir} is a preference cache (chosen/rejected pairs): only DPO reads it"
+                                   " (dpo_step); language-model training and evaluation read text or chat caches")
     template = chat_template_of_cache(cache_dir)
     if template is None:
         return TextLmDatasetFormat()
     return ChatLmDatasetFormat(messages_field=MESSAGES_FIELD, chat_template=template, pack=True,
                                mask_user_turns=True)
+
+
+PREFERENCE_COMPONENT = "prefs"
+"""The one component of a DPO run's data config (Levanter's DPO reads a single preference component)."""
+
+
+def preference_data_config(tokenizer: str, cache_dir: str, vocab_size: int | None = None):
+    """Levanter's DPO data config (`PreferenceLmDataConfig`) over one finished preference cache
+    (`{cache}/{train,validation}`), read in Levanter's preference chat format (unpacked pairs; a side longer than
+    the sequence is an error, never cut) with the template its ledger records. `vocab_size`: the model's
+    vocabulary (Levanter then sees a `model_vocab_view` of the tokenizer), as `data_config` does."""
+    from levanter.data.text.datasets import DatasetComponent, UrlDatasetSourceConfig
+    from levanter.data.text.preference import PreferenceChatLmDatasetFormat
+
+    from marin_assets.pipeline.tokens.chat import chat_template_of_cache, is_preference_cache
+
+    if not is_preference_cache(cache_dir):
+        raise PreferenceCacheError(f"{cache_dir} is not a preference cache (made by preference_tokenize_step): DPO"
+                                   " reads chosen/rejected pairs")
+    format = PreferenceChatLmDatasetFormat(chat_template=chat_template_of_cache(cache_dir))
+    component = DatasetComponent(source=UrlDatasetSourceConfig(), cache_dir=cache_dir, format=format)
+    return _preference_class()(tokenizer=tokenizer, cache_dir=None, components={PREFERENCE_COMPONENT: component},
+                               auto_build_caches=False, shuffle=False, model_vocab_size=vocab_size)

@@ -116,6 +116,9 @@ class LmTraining:
             hf_save_steps=10**9,  # only the forced export at the end
         )
 
+    def finish(self, result: TrainResult, metrics: dict[int, dict[str, Any]]) -> TrainResult:
+        return result  # the runner's record is the whole of it
+
 
 def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weights: Weights,
              model: ModelSpec, optimizer: OptimizerSpec, trainer: TrainerSpec, budget: TokenBudget | None = None,
@@ -150,6 +153,23 @@ def check_tokenizers(step_name: str, caches: Mapping[str, TokenizedCache]) -> No
         listed = "; ".join(f"{k}: {c.tokenizer} (fingerprint {c.tokenizer_fingerprint})" for k, c in caches.items())
         raise TrainDataError(f"step {step_name!r}: the mixture's components were tokenized with different"
                              f" tokenizers — {listed}; tokenize them all with one tokenizer")
+
+
+def preference_components(caches: Mapping[str, TokenizedCache | Step]) -> list[str]:
+    """The components that are preference caches (chosen/rejected pairs): a cache's record says, and a tokenize step
+    that makes one (`TokenizeStep.preference`)."""
+    return sorted(k for k, c in caches.items()
+                  if (c.preference if isinstance(c, (TokenizedCache, TokenizeStep)) else False))
+
+
+def refuse_preference_caches(what: str, caches: Mapping[str, TokenizedCache | Step],
+                             error: type[Exception] = TrainDataError) -> None:
+    """`error` naming `what` (`step 'x'`) and its preference-cache components, if it has any: their rows are pairs of
+    conversations that only DPO reads (`dpo_step`), not text a language model trains on."""
+    found = preference_components(caches)
+    if found:
+        raise error(f"{what}: component(s) {found} are preference caches (chosen/rejected pairs, made by"
+                    " preference_tokenize_step); only DPO trains on them: use dpo_step")
 
 
 def check_data_fills_batches(step_name: str, caches: Mapping[str, TokenizedCache], stages: Stages,
@@ -226,6 +246,7 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
                 raise SpecError(mismatch)
     except (SpecError, TrainSourceError) as e:
         raise StepDefinitionError(f"step {name!r}: {e}") from None
+    refuse_preference_caches(f"step {name!r}", components, StepDefinitionError)
     tokenizers = {k: s.tokenizer.name_with_hash for k, s in components.items() if isinstance(s, TokenizeStep)}
     if len(set(tokenizers.values())) > 1:
         described = dict(sorted(tokenizers.items()))
@@ -235,6 +256,7 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
 
     def run(out: str) -> TrainResult:
         results = {k: load_result(components[k], TokenizedCache) for k in names}
+        refuse_preference_caches(f"step {name!r}", results)
         check_tokenizers(name, results)
         check_data_fills_batches(name, results, stages, trainer, model, budget)
         first = results[names[0]]

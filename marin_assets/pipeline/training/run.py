@@ -17,6 +17,7 @@ from marin_assets.core.step import Step
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache
 from marin_assets.pipeline.training.checkpoints import run_dir_of
 from marin_assets.pipeline.training.cost import RunCost
+from marin_assets.pipeline.training.dpo_metrics import DpoMetrics
 from marin_assets.pipeline.training.specs import (
     ModelSpec,
 )
@@ -73,7 +74,10 @@ class TrainResult:
     tracking: TrackingResult | None = None
     """Where W&B and TensorBoard logged the run (None: only the JSON metrics file)."""
     method: str | None = None
-    """The training method that made it (`train_lm`, `sft`; None in records made before it was recorded)."""
+    """The training method that made it (`train_lm`, `sft`, `dpo`; None in records made before it was recorded)."""
+    dpo: DpoMetrics | None = None
+    """A DPO run's preference accuracy, rewards and margins, on training batches and held-out pairs (curves and
+    final values); None for other methods."""
 
     def model_and_tokenizer(self) -> tuple[ModelSpec, str]:
         """The model spec and tokenizer folder, or an error saying the record predates them."""

@@ -110,6 +110,11 @@ class TrainingMethod(Protocol):
         """The entry point's config for this attempt."""
         ...
 
+    def finish(self, result: TrainResult, metrics: dict[int, dict[str, Any]]) -> TrainResult:
+        """The run's record with what the method adds from its metrics (step → what Levanter logged): DPO's
+        preference curves; the record as it is for pretraining and SFT."""
+        ...
+
 
 def run_training(output_path: str, method: TrainingMethod, *, platform: str | None = None,
                  tracking: Tracking | None = None, initialized_from: str | None = None) -> TrainResult:
@@ -118,7 +123,12 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
     the trackers' places, the cost. A finished run is summarized again without training."""
     from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
     from marin_assets.pipeline.training.levanter_model import write_reference_config
-    from marin_assets.pipeline.training.levanter_trainer import JsonlMetrics, restored_root_logging, use_platform
+    from marin_assets.pipeline.training.levanter_trainer import (
+        JsonlMetrics,
+        read_metrics,
+        restored_root_logging,
+        use_platform,
+    )
 
     refuse_unsupported_array_store(output_path, f"training ({method.name})")  # before anything is written
     use_platform(platform, f"training at {output_path}")  # before Levanter starts JAX
@@ -155,10 +165,11 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
                     fs.put(os.path.join(local, folder), f"{path}/{folder}", recursive=True)
         seconds = training_seconds(output_path, time.monotonic() - started if ran else None)
         result = summarize(output_path, run_id, trainer, seconds, metrics_file, method.model, method.vocab_size)
-        return replace(result, model=method.model, tokenizer=method.tokenizer_path, vocab_size=method.vocab_size,
-                       train_tokens=trainer.num_train_steps * trainer.batch_tokens(method.model),
-                       initialized_from=initialized_from, method=method.name,
-                       tracking=tracking_result(tracking, config.trainer.tracker, output_path, local))
+        result = replace(result, model=method.model, tokenizer=method.tokenizer_path, vocab_size=method.vocab_size,
+                         train_tokens=trainer.num_train_steps * trainer.batch_tokens(method.model),
+                         initialized_from=initialized_from, method=method.name,
+                         tracking=tracking_result(tracking, config.trainer.tracker, output_path, local))
+        return method.finish(result, read_metrics(metrics_file))
 
 
 def tracking_result(tracking: Tracking | None, trackers: Any, output_path: str, local: str) -> TrackingResult | None:

@@ -21,7 +21,13 @@ from marin_assets.core.record import load_result
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep
 from marin_assets.pipeline.training.export import ExportStep
-from marin_assets.pipeline.training.pretrain import LmTraining, TrainDataError, Weights, train_step
+from marin_assets.pipeline.training.pretrain import (
+    LmTraining,
+    TrainDataError,
+    Weights,
+    refuse_preference_caches,
+    train_step,
+)
 from marin_assets.pipeline.training.run import TrainResult, TrainStep
 from marin_assets.pipeline.training.runner import RunPlaces
 from marin_assets.pipeline.training.sources import InitFrom, TrainSourceError
@@ -64,8 +70,9 @@ def source_model(init_from: InitFrom) -> ModelSpec | None:
 
 
 def check_chat_components(step_name: str, caches: Mapping[str, TokenizedCache]) -> None:
-    """At least one trained component is a chat cache (`TrainDataError` naming them otherwise): SFT on text
-    caches alone would put the loss on every token."""
+    """At least one trained component is a chat cache, and none a preference cache (`TrainDataError` naming them
+    otherwise): SFT on text caches alone would put the loss on every token, and preference pairs are DPO's."""
+    refuse_preference_caches(f"SFT step {step_name!r}", caches)
     if not any(c.chat_template for c in caches.values()):
         raise TrainDataError(f"step {step_name!r}: none of the SFT components {sorted(caches)} is a chat cache"
                              " (made by chat_tokenize_step); SFT on text caches would train on every token")
@@ -87,6 +94,7 @@ def sft_step(name: str, chat: dict[str, Step], init_from: InitFrom, model: Model
     if model is None:
         raise StepDefinitionError(f"SFT step {name!r}: give model= (the ModelSpec of the weights in"
                                   f" {init_from.describe()}); only a training or export step's model is known")
+    refuse_preference_caches(f"SFT step {name!r}", chat, StepDefinitionError)
     kinds = {k: is_chat_step(s) for k, s in chat.items()}
     if kinds and all(kind is False for kind in kinds.values()):
         raise StepDefinitionError(f"SFT step {name!r}: none of its components {sorted(chat)} is a chat cache"
