@@ -12,11 +12,19 @@ Sensors and schedules start switched off; turn them on in the UI (Automation) or
 import os
 
 from marin_assets.dagster import experiment_definitions
-from marin_assets.experiments import downstream_eval, dpo_chat, hello_world, overlap_demo, python_docs, sft_chat
+from marin_assets.experiments import (
+    downstream_eval,
+    dpo_chat,
+    hello_world,
+    overlap_demo,
+    python_docs,
+    scaling_ladder,
+    sft_chat,
+)
 from resources import RayResource, StorageResource
 
 EXPERIMENTS = [hello_world.experiment, python_docs.experiment, downstream_eval.experiment, sft_chat.experiment,
-               dpo_chat.experiment, overlap_demo.experiment]
+               dpo_chat.experiment, overlap_demo.experiment, scaling_ladder.experiment]
 steps = [s for e in EXPERIMENTS for s in e.steps]
 per_checkpoint = [f for e in EXPERIMENTS for f in e.per_checkpoint]
 

@@ -1,14 +1,33 @@
-"""The math of scaling laws: the IsoFLOP ladder's candidates by Marin's rules (checked against hand-computed
-examples and Levanter's own counts), and the fits — a Huber parabola per budget that a bad run does not
-move (where least squares is moved), power laws recovered from noisy synthetic ladders, the prediction at
-a next budget, and clear refusals of what determines no law."""
+"""Scaling laws: the IsoFLOP ladder's candidates by Marin's rules (checked against hand-computed examples and
+Levanter's own counts); the fits — a Huber parabola per budget that a bad run does not move (where least
+squares is moved), power laws recovered from noisy synthetic ladders, the prediction at a next budget, and
+clear refusals of what determines no law; the steps — a sweep of training steps sharing caches, the analysis
+through Dagster on planted records (exponents recovered, plots in the metadata), a real tiny ladder on the
+demo's documentation whose optimal run is checked against its prediction, and bad input naming the step."""
 
+import base64
+import json
 import math
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import replace
 
+import dagster as dg
 import numpy as np
 import pytest
 
-from marin_assets.core.results import encode_result, from_jsonable
+from marin_assets import StepDefinitionError, build_definitions, load_result, materialize_step
+from marin_assets.core.checks import run_check
+from marin_assets.core.paths import using_prefix
+from marin_assets.core.results import encode_result, from_jsonable, to_jsonable
+from marin_assets.core.step import Step, walk
+from marin_assets.dagster.metadata import result_metadata
+from marin_assets.dagster.plots import INLINE_LIMIT, inline_length, series_plot, series_plot_markdown
+from marin_assets.pipeline.data.corpus import corpus_step
+from marin_assets.pipeline.reports.optimal_run import OptimalRunError, optimal_run_step, prediction_check
+from marin_assets.pipeline.reports.scaling_analysis import ScalingAnalysis, ScalingAnalysisError, scaling_laws_step
 from marin_assets.pipeline.reports.scaling_laws import (
     BudgetFit,
     ScalingFitError,
@@ -19,21 +38,28 @@ from marin_assets.pipeline.reports.scaling_laws import (
     fit_scaling_laws,
     huber_quadratic,
 )
-from marin_assets.pipeline.training.cost import training_flops_per_token
+from marin_assets.pipeline.tokens.tokenize import tokenize_step
+from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
+from marin_assets.pipeline.training.cost import FLOPS_FORMULA, RunCost, training_flops_per_token
 from marin_assets.pipeline.training.isoflop import (
     IsoFlopCandidate,
     IsoFlopError,
     IsoFlopScale,
     RejectedCandidate,
     batch_for,
+    budget_label,
     candidate,
     isoflop_ladder,
     learning_rate_for,
     llama_parameters,
+    llama_training_flops_per_token,
     model_for,
     num_layers_for,
 )
-from marin_assets.pipeline.training.specs import ModelSpec
+from marin_assets.pipeline.training.isoflop_sweep import IsoFlopRecipe, IsoFlopSweep, isoflop_sweep
+from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec
+from tests.support.helpers import ROOT, subprocess_env
 
 VOCAB = 512
 CPU = IsoFlopScale()
@@ -188,6 +214,22 @@ def test_the_huber_fit_recovers_a_planted_minimum_that_least_squares_misses():
     assert (exact.a, exact.b, exact.c) == pytest.approx((0.3, -0.3 * 2 * 6.2, 0.3 * 6.2**2 + 3.0), rel=1e-9)
 
 
+def test_a_budget_of_too_few_runs_for_a_robust_scale_is_fitted_by_least_squares():
+    """Five runs, one off the curve: least absolute deviations passes through three exactly, the median residual is
+    0, and a re-estimated Huber threshold would set the other two aside; least squares keeps every run."""
+    x = np.array([4.0, 4.5, 5.0, 5.5, 6.0])
+    y = 0.3 * (x - 5.1) ** 2 + 3.0
+    y[1] += 0.05
+    fit = huber_quadratic(x, y)
+    assert fit.weights == (1.0,) * 5 and fit.iterations == 0
+    assert (fit.a, fit.b, fit.c) == pytest.approx(tuple(np.polyfit(x, y, 2)), rel=1e-9)
+    assert fit.delta == pytest.approx(float(np.max(np.abs(y - np.polyval(np.polyfit(x, y, 2), x)))))
+    x7 = np.linspace(4.0, 6.0, 7)  # from seven runs up, the threshold is estimated and the bad run set aside
+    y7 = 0.3 * (x7 - 5.1) ** 2 + 3.0 + np.random.default_rng(0).normal(0, 0.001, 7)
+    y7[1] += 0.05
+    assert huber_quadratic(x7, y7).weights[1] < 0.1
+
+
 def test_a_budget_fit_gives_the_optimum_and_interpolates_parameters():
     x, _, y = planted_parabola(np.random.default_rng(1))
     budget = 1e18
@@ -317,3 +359,349 @@ def test_the_laws_are_a_recordable_result():
     data = encode_result("analysis/scaling", laws)
     assert from_jsonable(data, ScalingLaws) == laws
     assert isinstance(from_jsonable(data, ScalingLaws).fits[0], BudgetFit)
+
+
+# ---- the steps: a sweep of training runs, the analysis, the optimal run ----
+
+
+
+def test_flops_per_token_are_counted_without_levanter_exactly_as_levanter_counts_them():
+    shapes = [model_for(h, CPU) for h in CPU.hidden_sizes()] + [model_for(h, MARIN) for h in (512, 1024, 4096)] + [
+        ModelSpec(hidden_dim=96, intermediate_dim=200, num_layers=3, num_heads=6, num_kv_heads=2, seq_len=64),
+        ModelSpec(hidden_dim=64, intermediate_dim=256, num_layers=2, num_heads=4, num_kv_heads=1, tie_embeddings=True)]
+    for model in shapes:
+        for vocab in (512, 1024, 128_256):
+            assert llama_training_flops_per_token(model, vocab) == training_flops_per_token(model, vocab), model
+    assert llama_training_flops_per_token(model_for(64, CPU), VOCAB) == 692_736  # by hand, above
+    with pytest.raises(IsoFlopError, match="counts Llama FLOPs, got a gpt2 model"):
+        llama_training_flops_per_token(ModelSpec(family="gpt2"), VOCAB)
+
+
+def stories_cache(tag: str = "sweep"):
+    """The definitions of a tokenized cache (nothing computed)."""
+    stories = corpus_step(f"raw/{tag}-stories", train_documents=300, validation_documents=30, seed=1, shards=1)
+    return tokenize_step(f"tokenized/{tag}-stories", stories,
+                         bpe_tokenizer_step(f"tokenizers/{tag}-bpe", stories, vocab_size=VOCAB))
+
+
+def test_a_sweep_is_one_training_step_per_candidate_all_reading_the_same_caches():
+    cache = stories_cache()
+    sweep = isoflop_sweep("lad", [1e12, 1e11, 3e11], {"stories": cache}, VOCAB)
+    ladder = isoflop_ladder([1e11, 3e11, 1e12], VOCAB)
+    assert sweep.ladder == ladder and len(sweep.runs) == len(ladder.candidates) == 23
+    assert [(r.budget, r.hidden_dim) for r in sweep.ladder.rejected] == [(1e12, 16)]  # kept for the analysis
+    for run, c in zip(sweep.runs, ladder.candidates, strict=True):
+        assert isinstance(run, TrainStep) and run.kind == "train"
+        assert run.name == f"checkpoints/lad-isoflop-{budget_label(c.budget)}-d{c.model.hidden_dim}"
+        assert run.deps == (cache,) and run.data == (cache,)  # one cache, shared by every run
+        trainer, optimizer = run.hash_attrs["trainer"], run.hash_attrs["optimizer"]
+        assert run.model == run.hash_attrs["model"] == c.model
+        assert (trainer.num_train_steps, trainer.train_batch_size) == (c.num_train_steps, c.batch_size)
+        assert trainer.checkpoint_every == c.num_train_steps and trainer.steps_per_eval == c.num_train_steps + 1
+        assert trainer.max_eval_batches is None  # the whole validation split, whatever the batch
+        assert optimizer == replace(OptimizerSpec(), learning_rate=c.learning_rate)
+        assert sweep.candidate_of(run) == c
+    assert len({r.hash for r in sweep.runs}) == len(sweep.runs)
+    assert {b: len(runs) for b, runs in sweep.by_budget().items()} == {1e11: 8, 3e11: 8, 1e12: 7}
+    # a run is its candidate and recipe, not the ladder around it: another ladder with that budget reuses it
+    other = isoflop_sweep("lad", [1e11, 1e12], {"stories": cache}, VOCAB)
+    assert {r.name_with_hash for r in other.by_budget()[1e11]} == {r.name_with_hash for r in sweep.by_budget()[1e11]}
+    reseeded = isoflop_sweep("lad", [1e11, 1e12], {"stories": cache}, VOCAB, recipe=IsoFlopRecipe(seed=1))
+    assert not {r.hash for r in reseeded.runs} & {r.hash for r in other.runs}
+    assert all(r.hash_attrs["trainer"].seed == 1 for r in reseeded.runs)
+    with pytest.raises(StepDefinitionError, match=r"IsoFLOP sweep 'lad': budget 1e\+08 keeps [0-2] of 8 widths"):
+        isoflop_sweep("lad", [1e8, 1e11], {"stories": cache}, VOCAB)
+    with pytest.raises(StepDefinitionError, match=r"IsoFLOP sweep 'lad': \['budget'\] cannot be set"):
+        isoflop_sweep("lad", [1e11, 1e12], {"stories": cache}, VOCAB, budget=None)
+    with pytest.raises(StepDefinitionError, match="IsoFLOP sweep 'lad': no training data"):
+        isoflop_sweep("lad", [1e11, 1e12], {}, VOCAB)
+
+
+def test_the_analysis_and_the_optimal_run_are_identified_before_anything_runs():
+    cache = stories_cache()
+    sweep = isoflop_sweep("lad", [1e11, 3e11, 1e12], {"stories": cache}, VOCAB)
+    analysis = scaling_laws_step("reports/lad", sweep, next_budget=3e12)
+    assert set(analysis.deps) == set(sweep.runs) and analysis.sweep is sweep and analysis.metric == "eval/loss"
+    assert analysis.hash_attrs["runs"]["1e12"] == [r.name for r in sweep.by_budget()[1e12]]
+    assert analysis.hash_attrs["ladder"] == sweep.definition()
+    optimal = optimal_run_step("checkpoints/lad-optimal", analysis)
+    assert set(optimal.deps) == {analysis, cache} and optimal.budget == 3e12 and optimal.kind == "train"
+    assert [c.name for c in optimal.checks] == ["loss_finite_and_fell", "metric_matches_prediction"]
+    assert "within ±5.0% of what the scaling laws of reports/lad predicted" in optimal.checks[1].description
+    # the optimal run's identity follows the ladder's (through the analysis) and its budget, not the tolerance
+    farther = scaling_laws_step("reports/lad", sweep, next_budget=1e13)
+    assert optimal_run_step("checkpoints/lad-optimal", farther).hash != optimal.hash
+    assert optimal_run_step("checkpoints/lad-optimal", analysis, tolerance=0.5).hash == optimal.hash
+    bpb = scaling_laws_step("reports/lad", sweep, metric="eval/bpb", next_budget=3e12)
+    assert bpb.hash != analysis.hash and optimal_run_step("checkpoints/lad-optimal", bpb).hash != optimal.hash
+    longer = isoflop_sweep("lad", [1e11, 3e11, 1e12], {"stories": cache}, VOCAB, IsoFlopScale(seq_len=64))
+    assert scaling_laws_step("reports/lad", longer, next_budget=3e12).hash != analysis.hash
+
+
+def test_the_ladder_experiment_defines_its_steps_without_levanter():
+    """Experiments are imported where Levanter is not (the definitions load in under a second): the ladder's
+    FLOPs and parameters are counted in plain Python."""
+    script = ("import json, sys; from marin_assets.experiments import scaling_ladder as s;"
+              " print(json.dumps({'heavy': sorted(m for m in ('levanter', 'jax', 'haliax', 'dagster', 'ray')"
+              " if m in sys.modules),"
+              " 'runs': [r.name for r in s.pipeline['analysis'].deps], 'optimal': s.pipeline['optimal'].name,"
+              " 'deps': sorted(d.name for d in s.pipeline['optimal'].deps)}))")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["heavy"] == []
+    assert len(found["runs"]) == 15 and "checkpoints/python-docs-isoflop-3e11-d80" in found["runs"]
+    assert found["optimal"] == "checkpoints/python-docs-isoflop-optimal-1e12"
+    assert found["deps"] == ["reports/python-docs-scaling-laws", "tokenized/python-docs-bpe"]
+
+
+def test_a_parabola_is_drawn_as_one_exact_curve_ticked_at_its_vertex():
+    """y = (x − 2.2)² + 1 through x = 1, 2, 3: one quadratic Bézier whose control point makes it that parabola,
+    a y range down to the vertex (1.0, below every point given), a tick there, and the legend in `order`."""
+    points = [[x, (x - 2.2) ** 2 + 1] for x in (1.0, 2.0, 3.0)]
+    drawn = series_plot({}, parabolas={"b": points}, markers={"a": [[1.5, 2.0]], "b": points}, order=["b", "a"])
+    assert drawn.labels == ("b", "a") and drawn.y_range[0] == pytest.approx(1.0) and drawn.x_range == (1.0, 3.0)
+    curve = re.search(r'd="(M[^"]*Q[^"]*)"', drawn.svg).group(1)
+    start, control, end, tick = re.fullmatch(r"M(\d+ \d+)Q(-?\d+ -?\d+) (\d+ \d+)M(\d+ \d+)v6", curve).groups()
+    scale_y = 71 / (points[0][1] - 1.0)  # grid units per unit of y (the range runs from the vertex to y(1))
+    assert start == "0 0" and end == f"99 {71 - (points[2][1] - 1.0) * scale_y:.0f}"
+    bezier_y = 2 * (71 - (points[1][1] - 1.0) * scale_y) - (0 + 71 - (points[2][1] - 1.0) * scale_y) / 2
+    assert control == f"50 {bezier_y:.0f}"  # 2·middle − (first + last)/2
+    assert tick == f"{(2.2 - 1.0) / 2 * 99:.0f} {71 - 3:.0f}"  # at x = 2.2, centered on the bottom of the range
+    markdown = series_plot_markdown({"title": "t", "log_x": False, "series": {}, "parabolas": {"b": points},
+                                     "order": ["b"]})
+    assert inline_length(markdown) == len(markdown) + 1  # the legend's square is two UTF-16 units
+
+
+def planted_cost(tokens: float, parameters: int, flops: float) -> RunCost:
+    return RunCost(parameters=parameters, flops_per_token=flops / tokens, flops_formula=FLOPS_FORMULA,
+                   tokens=int(tokens), total_flops=flops, tokens_per_second=1e4, flops_per_second=1e9,
+                   device_kind="cpu", device_count=1, peak_flops_per_device=1e10, peak_basis="measured",
+                   peak_source="planted", mfu=0.1, levanter_mfu=None, step_seconds=2.0, wall_seconds=5.0,
+                   device_hours=5.0 / 3600)
+
+
+def planted_run(name: str, tokens: float, parameters: int, flops: float, metric: float | None,
+                vocab: int = VOCAB) -> Step:
+    """A training step whose record is planted (nothing trained): the tokens, parameters, FLOPs and eval loss an
+    analysis reads."""
+
+    def run(out: str) -> TrainResult:
+        return TrainResult(run_id=name, steps=10, final_train_loss=5.0, final_eval_loss=metric, eval_losses={},
+                           tokens_per_second=1e4, checkpoint_steps=[10], checkpoint_dir=out, hf_dir=None,
+                           eval_curve=[[9, metric]] if metric is not None else [], vocab_size=vocab,
+                           train_tokens=int(tokens), cost=planted_cost(tokens, parameters, flops))
+
+    return Step(name=f"checkpoints/{name}", fn=run, kind="train",
+                hash_attrs={"tokens": tokens, "parameters": parameters, "flops": flops, "metric": metric,
+                            "vocab": vocab})
+
+
+def planted_ladder(budgets, alpha: float, seed: int) -> dict[float, list[Step]]:
+    """`synthetic_ladder`'s runs (D* = 0.25·C^alpha, N = C/(6D), one bad run) as planted training records."""
+    runs = synthetic_ladder(np.random.default_rng(seed), budgets, alpha=alpha, coefficient=0.25, gamma=-0.048,
+                            scale=22.0, noise=0.003)
+    runs[3] = replace(runs[3], metric=runs[3].metric + 0.5)
+    grouped: dict[float, list[Step]] = {}
+    for r in runs:
+        name = f"planted-{r.name.replace('+', '')}"
+        grouped.setdefault(r.budget, []).append(planted_run(name, r.tokens, int(r.parameters), r.budget, r.metric))
+    return grouped
+
+
+def planted_sweep(budgets, next_cache: Step, vocab: int = VOCAB, off: dict[str, float] | None = None,
+                  wrong_vocab: str | None = None) -> IsoFlopSweep:
+    """A sweep of real CPU-ladder candidates whose records are planted: the metric is minimal at D* = C^0.5,
+    each record's FLOPs are its candidate's (times `off[label]`, to plant a run off its budget)."""
+    ladder = isoflop_ladder(budgets, vocab)
+    assert {*(off or {}), *([wrong_vocab] if wrong_vocab else [])} <= {c.label for c in ladder.candidates}
+    rng = np.random.default_rng(3)
+    runs = []
+    for c in ladder.candidates:
+        metric = 5.0 * c.budget**-0.05 + 0.3 * (math.log10(c.tokens) - 0.5 * math.log10(c.budget)) ** 2
+        runs.append(planted_run(f"planted-{c.label}", c.tokens, c.parameters, c.flops * (off or {}).get(c.label, 1.0),
+                                metric + rng.normal(0, 0.002), vocab + 128 * (c.label == wrong_vocab)))
+    return IsoFlopSweep(prefix="planted", ladder=ladder, runs=tuple(runs), train={"stories": next_cache})
+
+
+def svg_paths(markdown: str) -> list[tuple[str, str]]:
+    """(color, d) of each drawn path of an inline plot (the gray axes left out)."""
+    image = re.search(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", markdown)
+    assert image, markdown[:200]
+    svg = base64.b64decode(image.group(1)).decode()
+    assert ET.fromstring(svg).get("width") == "360"  # well-formed: a browser draws it at its size
+    return [(c, d) for c, d in re.findall(r'<path stroke="(#[0-9a-f]{3})"[^>]* d="([^"]*)"', svg) if c != "#bbb"]
+
+
+def test_the_analysis_recovers_planted_laws_through_dagster_with_its_plots(tmp_path, local_ray, dagster_home):
+    from resources import StorageResource
+
+    prefix = str(tmp_path / "outputs")
+    budgets = [1e17, 3e17, 1e18, 3e18]
+    free = scaling_laws_step("reports/planted", planted_ladder(budgets, 0.52, seed=7), next_budget=1e20)
+    sweep = planted_sweep([1e11, 3e11, 1e12], Step(name="tokenized/planted", fn=lambda out: None))
+    laddered = scaling_laws_step("reports/planted-sweep", sweep, next_budget=3e12)
+    defs = build_definitions([free, laddered], resources={"storage": StorageResource(prefix=prefix)})
+    run = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=dg.DagsterInstance.get())
+    assert run.success
+
+    got = load_result(free.output_path_under(prefix), ScalingAnalysis)
+    assert got.alpha == pytest.approx(0.52, abs=0.02) and got.beta == pytest.approx(0.48, abs=0.02)
+    assert got.laws["metric"].exponent == pytest.approx(-0.048, abs=0.003)
+    assert got.prediction is not None and got.prediction.metric == pytest.approx(22.0 * 1e20**-0.048, rel=0.005)
+    assert got.next_run is None and "not given as an IsoFLOP sweep" in got.next_run_note
+    assert [f.label for f in got.fits] == ["1e17", "3e17", "1e18", "3e18"] and len(got.runs) == 28
+    assert min(r.weight for r in got.runs) < 0.1  # the planted bad run, set aside
+
+    events = {e.asset_key.to_user_string(): e.materialization.metadata for e in run.get_asset_materialization_events()}
+    shown = events["reports/planted"]
+    assert shown["result.alpha"].value == got.alpha and shown["result.beta"].value == got.beta
+    assert [r.data["label"] for r in shown["result.fits"].records] == ["1e17", "3e17", "1e18", "3e18"]
+    assert {r.data["name"]: r.data["exponent"] for r in shown["result.laws"].records}["tokens"] == got.alpha
+    assert shown["result.prediction.metric"].value == got.prediction.metric
+    plots = {k: v.md_str for k, v in shown.items() if isinstance(v, dg.MarkdownMetadataValue)}
+    assert set(plots) == {"result.isoflop_plot", "result.scaling_plot", "result.metric_plot"}
+    assert all(inline_length(plots[k]) < INLINE_LIMIT for k in ("result.scaling_plot", "result.metric_plot"))
+    assert inline_length(plots["result.isoflop_plot"]) < 2 * INLINE_LIMIT  # 28 runs: behind Dagster's button, bounded
+    isoflop = svg_paths(plots["result.isoflop_plot"])
+    curves = [d for _, d in isoflop if "Q" in d]
+    assert len(curves) == 4  # one fitted parabola per budget, as one quadratic Bézier each
+    assert all(re.search(r"M\d+ \d+v6$", d) for d in curves)  # each with a tick at its minimum
+    assert [d.count("h0") for _, d in isoflop if "h0" in d] == [7, 7, 7, 7]  # every run of every budget
+    # in the budgets' order, though the record's mappings come back sorted (3e17 after 1e18)
+    assert "IsoFLOP eval/loss, ticks: minima: 🟦 1e17 🟥 3e17 🟩 1e18 🟨 3e18" in plots["result.isoflop_plot"]
+    assert "D\\* 🟥 N\\* 🟩 predicted" in plots["result.scaling_plot"]
+    assert "(log), y" in plots["result.scaling_plot"] and plots["result.scaling_plot"].endswith("(log)")
+
+    planned = load_result(laddered.output_path_under(prefix), ScalingAnalysis)
+    assert planned.alpha == pytest.approx(0.5, abs=0.03)
+    assert [(r.budget, r.hidden_dim) for r in planned.rejected] == [(1e12, 16)]
+    plan = planned.next_run
+    assert plan is not None and plan.candidate.budget == 3e12 and abs(plan.candidate.flops / 3e12 - 1) <= 0.01
+    tried = [candidate(3e12, h, VOCAB, CPU) for h in range(16, 16 * 64, 16)]
+    kept = [c for c in tried if isinstance(c, IsoFlopCandidate)]
+    assert plan.candidate == min(kept, key=lambda c: abs(math.log10(c.parameters / plan.optimal_parameters)))
+    assert plan.optimal_parameters == pytest.approx(planned.prediction.parameters)
+    assert plan.predicted_metric == pytest.approx(
+        plan.metric_at_optimum + plan.curvature * math.log10(plan.candidate.tokens / plan.optimal_tokens) ** 2)
+    ladder_shown = events["reports/planted-sweep"]
+    assert [r.data["hidden_dim"] for r in ladder_shown["result.rejected"].records] == [16]
+    assert ladder_shown["result.next_run.predicted_metric"].value == plan.predicted_metric
+    assert "planned run" in ladder_shown["result.scaling_plot"].md_str
+
+
+def test_bad_analyses_fail_clearly_naming_the_step(tmp_path):
+    prefix = str(tmp_path / "outputs")
+    ladder = planted_ladder([1e17, 1e18], 0.5, seed=1)
+    few = {1e17: ladder[1e17][:2], 1e18: ladder[1e18]}
+    with pytest.raises(StepDefinitionError, match=r"step 'reports/x': budget 1e\+17 has 2 run\(s\); a quadratic fit"
+                                                  r" of its eval/loss needs at least 3"):
+        scaling_laws_step("reports/x", few)
+    with pytest.raises(StepDefinitionError, match=r"step 'reports/x': scaling laws need runs at two budgets"):
+        scaling_laws_step("reports/x", {1e17: ladder[1e17]})
+    with pytest.raises(StepDefinitionError, match=r"step 'reports/x': unknown metric 'eval/acc': the analysis fits"):
+        scaling_laws_step("reports/x", ladder, metric="eval/acc")
+    with pytest.raises(StepDefinitionError, match=r"run 'checkpoints/planted-1e17-0' is listed twice"):
+        scaling_laws_step("reports/x", {1e17: ladder[1e17], 1e18: ladder[1e18] + ladder[1e17][:1]})
+    with pytest.raises(StepDefinitionError, match="next_budget must be positive"):
+        scaling_laws_step("reports/x", ladder, next_budget=-1.0)
+    analysis = scaling_laws_step("reports/x", ladder, next_budget=1e19)
+    with pytest.raises(StepDefinitionError, match=r"step 'checkpoints/o': analysis 'reports/x' was not given an"
+                                                  r" IsoFLOP sweep"):
+        optimal_run_step("checkpoints/o", analysis)
+
+    def materialized(step: Step) -> None:
+        for s in walk([step]):
+            materialize_step(s, prefix=prefix)
+
+    # a run without the metric, named with the analysis
+    missing = {**ladder, 1e18: [*ladder[1e18][:-1], planted_run("no-eval", 1e9, 10, 1e18, None)]}
+    with pytest.raises(ScalingAnalysisError, match=r"step 'reports/missing': run 'checkpoints/no-eval' recorded no"
+                                                   r" eval/loss \(it recorded \['train/loss'\]\)"):
+        materialized(scaling_laws_step("reports/missing", missing))
+    # a budget whose runs have no minimum inside them
+    falling = {**ladder, 1e17: [planted_run(f"falling-{i}", 10**x, 10, 1e17, 3.0 - 0.1 * i)
+                                for i, x in enumerate((5.0, 5.5, 6.0, 6.5))]}
+    with pytest.raises(ScalingAnalysisError, match=r"step 'reports/falling': budget 1e\+17: the fitted minimum"
+                                                   r" at .* lies outside the tokens sampled"):
+        materialized(scaling_laws_step("reports/falling", falling))
+    # a sweep whose run trained another vocabulary, or spent more than its budget
+    cache = Step(name="tokenized/planted", fn=lambda out: None)
+    with pytest.raises(ScalingAnalysisError, match=r"step 'reports/vocab': run 'checkpoints/planted-1e11-d32-L1-B32'"
+                                                   r" trained with a vocabulary of 640, but the ladder was computed"
+                                                   r" for 512"):
+        materialized(scaling_laws_step("reports/vocab", planted_sweep([1e11, 3e11], cache,
+                                                                      wrong_vocab="1e11-d32-L1-B32")))
+    with pytest.raises(ScalingAnalysisError, match=r"step 'reports/off': run 'checkpoints/planted-3e11-d64-L1-B32'"
+                                                   r" spent 3\.1\d*e\+11 FLOPs, \+4\.\d% off its budget 3e\+11"
+                                                   r" \(flop_tolerance 1\.0%\)"):
+        materialized(scaling_laws_step("reports/off", planted_sweep([1e11, 3e11], cache,
+                                                                    off={"3e11-d64-L1-B32": 1.04})))
+    # an optimal run whose analysis could plan none fails before training, saying why
+    tiny = scaling_laws_step("reports/tiny-next", planted_sweep([1e11, 3e11], cache), next_budget=1e6)
+    with pytest.raises(OptimalRunError, match=r"step 'checkpoints/tiny-optimal': analysis 'reports/tiny-next'"
+                                              r" planned no run at 1e\+06: budget 1e\+06: the ladder's rules keep no"
+                                              r" model near the predicted N\*"):
+        materialized(optimal_run_step("checkpoints/tiny-optimal", tiny))
+    no_next = scaling_laws_step("reports/no-next", planted_sweep([1e11, 3e11], cache))
+    with pytest.raises(StepDefinitionError, match="has no next_budget to train at"):
+        optimal_run_step("checkpoints/o", no_next)
+
+
+REAL_SCALE = IsoFlopScale(hidden_start=16, hidden_stop=48, hidden_step=16, learning_rate=1e-2)
+"""The experiment's rules on three widths: six runs of 22–99 steps at 1e10 and 3e10 FLOPs."""
+
+
+def test_a_real_ladder_on_the_docs_predicts_its_optimal_run_and_the_check_measures_it(tmp_path, dagster_home):
+    """The experiment's ladder, cut to two budgets of three widths, on the demo's real data (this Python's
+    documentation, its 1024-id BPE): every run trains, the analysis fits and plans the 5e10 run, which trains;
+    served by Dagster (all cached, so no Ray), its check compares what the run reached with the prediction."""
+    from marin_assets.experiments import scaling_ladder
+    from resources import StorageResource
+
+    prefix = str(tmp_path / "outputs")
+    pipeline = scaling_ladder.build(budgets=(1e10, 3e10), next_budget=5e10, scale=REAL_SCALE, tolerance=0.05)
+    analysis, optimal, sweep = pipeline["analysis"], pipeline["optimal"], pipeline["analysis"].sweep
+    assert len(sweep.runs) == 6
+    for step in walk([analysis]):
+        materialize_step(step, prefix=prefix)
+    found = load_result(analysis.output_path_under(prefix), ScalingAnalysis)
+    ordered = sorted(sweep.runs, key=lambda r: (sweep.candidate_of(r).budget, sweep.candidate_of(r).tokens))
+    for point, run in zip(found.runs, ordered, strict=True):
+        record, c = load_result(run.output_path_under(prefix), TrainResult), sweep.candidate_of(run)
+        assert (point.name, point.tokens, point.parameters) == (run.name, c.tokens, c.parameters)
+        assert point.metric == record.final_eval_loss and point.flops == pytest.approx(c.flops)
+        assert record.cost.parameters == c.parameters and record.cost.total_flops == pytest.approx(c.flops)
+        assert record.eval_curve == [[c.num_train_steps - 1, record.final_eval_loss]]  # evaluated once, at the end
+    assert [f.label for f in found.fits] == ["1e10", "3e10"] and found.next_run is not None
+    plan = found.next_run
+    assert plan.candidate.budget == 5e10 and plan.predicted_metric >= plan.metric_at_optimum
+    isoflop = result_metadata(to_jsonable(found))["result.isoflop_plot"].md_str
+    assert inline_length(isoflop) < INLINE_LIMIT and len([d for _, d in svg_paths(isoflop) if "Q" in d]) == 2
+
+    materialize_step(optimal, prefix=prefix)  # trains the planned model
+    defs = build_definitions([optimal], resources={"storage": StorageResource(prefix=prefix)})
+    run = defs.resolve_implicit_global_asset_job_def().execute_in_process(instance=dg.DagsterInstance.get())
+    assert run.success
+    trained = load_result(optimal.output_path_under(prefix), TrainResult)
+    assert trained.model == plan.candidate.model and trained.cost.tokens == plan.candidate.tokens
+    assert abs(trained.cost.total_flops / 5e10 - 1) <= 0.01
+    checks = {e.check_name: e for e in run.get_asset_check_evaluations()}
+    shown = checks["metric_matches_prediction"].metadata
+    assert shown["predicted"].value == plan.predicted_metric and shown["actual"].value == trained.final_eval_loss
+    assert shown["absolute_error"].value == pytest.approx(trained.final_eval_loss - plan.predicted_metric)
+    assert shown["relative_error"].value == pytest.approx(shown["absolute_error"].value / plan.predicted_metric)
+    assert checks["metric_matches_prediction"].passed == (abs(shown["relative_error"].value) <= 0.05)
+    print(f"real ladder: alpha {found.alpha:.3f}, beta {found.beta:.3f}; planned {plan.candidate.label} predicted"
+          f" {plan.predicted_metric:.4f}, reached {trained.final_eval_loss:.4f}"
+          f" ({shown['relative_error'].value:+.2%})")
+    with using_prefix(prefix):  # the same comparison at a tolerance no run meets, and one every run meets
+        assert not run_check(prediction_check(analysis, 1e-9), optimal.output_path_under(prefix),
+                             to_jsonable(trained)).passed
+        loose = run_check(prediction_check(analysis, 10.0), optimal.output_path_under(prefix), to_jsonable(trained))
+    assert loose.passed and loose.metadata["actual"] == trained.final_eval_loss
+    other = replace(trained, model=replace(trained.model, hidden_dim=trained.model.hidden_dim + 16))
+    with using_prefix(prefix):  # a run of another model than the analysis plans now (it was recomputed since)
+        stale = run_check(prediction_check(analysis, 10.0), optimal.output_path_under(prefix), to_jsonable(other))
+    assert not stale.passed and "now plans" in stale.message and "re-materialize this run with force" in stale.message

@@ -4,10 +4,13 @@ budgets their power laws, and the metric the compute-optimal run of a next budge
 Per budget C, the metric of its runs is fitted by a quadratic in x = log10(tokens) under Huber's loss
 (iteratively reweighted least squares from a least-absolute-deviations start; the threshold 1.345 robust
 standard deviations of the residuals, re-estimated each iteration), so one bad run — diverged, mis-logged —
-does not move the minimum. Marin fits Huber with a fixed threshold of 1.0 metric units, which on losses
-near 1 is plain least squares; a fixed `delta` is still accepted. The parabola's minimum is D*; a parabola
-opening downward, or a minimum outside the tokens sampled, is refused: the ladder does not bracket that
-budget's optimum.
+does not move the minimum. A robust scale needs more points than the fit has coefficients: with fewer than
+`MIN_ROBUST_POINTS` (7 = 2 × 3 + 1) the median residual is forced to 0 — least absolute deviations passes
+through three of four or five points exactly — and Huber would drop the others as outliers, so a budget with
+so few runs is fitted by least squares (every weight 1). Marin fits Huber with a fixed threshold of 1.0
+metric units, which on losses near 1 is plain least squares; a fixed `delta` is still accepted. The
+parabola's minimum is D*; a parabola opening downward, or a minimum outside the tokens sampled, is refused:
+the ladder does not bracket that budget's optimum.
 
 N* is interpolated at D* from the runs' own parameter counts (linearly in log–log between the two runs
 around it): along a ladder parameters and tokens trade through the project's FLOPs per token, attention
@@ -33,6 +36,8 @@ HUBER_K = 1.345
 MAD_TO_SD = 0.6745
 """median(|r|) ÷ this estimates σ of normal residuals."""
 MIN_RUNS_PER_BUDGET = 3
+MIN_ROBUST_POINTS = 7
+"""With fewer points the Huber threshold is not estimated (it would be 0): least squares instead."""
 PARAMETERS_METHOD = ("N* interpolated at D* from the budget's runs' parameter counts, linearly in log10(tokens)–"
                      "log10(parameters) between the two runs around D* (the project's FLOPs per token, not 6·N·D)")
 
@@ -65,7 +70,7 @@ class RobustQuadratic:
     """The last iteration's weights, in the order of the points: 1 inside the threshold, threshold ÷ |residual|
     outside it (a bad run's weight is near 0)."""
     delta: float
-    """The Huber threshold of the last iteration, in y's units."""
+    """The Huber threshold of the last iteration, in y's units (least squares: the largest |residual|)."""
     iterations: int
 
 
@@ -74,9 +79,11 @@ def huber_quadratic(x: Sequence[float], y: Sequence[float], delta: float | None 
     """The quadratic through (x, y) minimizing Huber's loss, by iteratively reweighted least squares.
 
     `delta`: the threshold in y's units; None re-estimates it each iteration as 1.345 × median(|residual|) ÷
-    0.6745. Starts from least absolute deviations. Needs three distinct x (`ScalingFitError` otherwise). The
-    threshold and the fit settle together, sometimes slowly (a thousand iterations of a three-column least
-    squares on some ladders: milliseconds), hence the generous `max_iterations`.
+    0.6745 — from `MIN_ROBUST_POINTS` points up; with fewer, the fit is least squares and `delta` its largest
+    |residual| (every weight 1). Starts from least absolute deviations. Needs three distinct x
+    (`ScalingFitError` otherwise). The threshold and the fit settle together, sometimes slowly (a thousand
+    iterations of a three-column least squares on some ladders: milliseconds), hence the generous
+    `max_iterations`.
     """
     xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if xs.shape != ys.shape or xs.ndim != 1:
@@ -91,6 +98,11 @@ def huber_quadratic(x: Sequence[float], y: Sequence[float], delta: float | None 
     u = xs - center
     design = np.column_stack([u**2, u, np.ones_like(u)])
     floor = 1e-12 * (1.0 + float(np.max(np.abs(ys))))  # residuals this small are rounding: the fit is exact there
+    if delta is None and len(xs) < MIN_ROBUST_POINTS:
+        a, b, c = (float(v) for v in np.linalg.lstsq(design, ys, rcond=None)[0])
+        largest = float(np.max(np.abs(ys - design @ np.array([a, b, c]))))
+        return RobustQuadratic(a=a, b=b - 2 * a * center, c=a * center**2 - b * center + c,
+                               weights=(1.0,) * len(xs), delta=max(largest, floor), iterations=0)
     coef = _least_absolute_deviations(design, ys, floor)
     iterations = 0
     while True:
@@ -190,7 +202,8 @@ def fit_budget(budget: float, runs: Sequence[ScalingRun], delta: float | None = 
     best = -fit.b / (2 * fit.a)
     if not x[0] <= best <= x[-1]:
         side = ("fewer tokens: add larger models" if best < x[0] else "more tokens: add smaller models")
-        raise ScalingFitError(f"budget {budget:g}: the fitted minimum at {10**best:.3g} tokens lies outside"
+        at = f"{10**best:.3g}" if abs(best) < 300 else f"10^{best:.3g}"  # a near-flat parabola's is far out
+        raise ScalingFitError(f"budget {budget:g}: the fitted minimum at {at} tokens lies outside"
                               f" {sampled}; the optimum is at {side} at this budget")
     parameters = _parameters_at(best, x, np.array([r.parameters for r in ordered]))
     return BudgetFit(budget=budget, runs=ordered, weights=fit.weights, a=fit.a, b=fit.b, c=fit.c, delta=fit.delta,
@@ -299,6 +312,6 @@ def fit_scaling_laws(runs: Sequence[ScalingRun], metric: str, next_budget: float
     return laws if next_budget is None else replace(laws, prediction=laws.predict(next_budget))
 
 
-__all__ = ["HUBER_K", "MAD_TO_SD", "MIN_RUNS_PER_BUDGET", "PARAMETERS_METHOD", "BudgetFit", "PowerLaw",
-           "RobustQuadratic", "ScalingFitError", "ScalingLaws", "ScalingPrediction", "ScalingRun", "fit_budget",
-           "fit_power_law", "fit_scaling_laws", "huber_quadratic"]
+__all__ = ["HUBER_K", "MAD_TO_SD", "MIN_ROBUST_POINTS", "MIN_RUNS_PER_BUDGET", "PARAMETERS_METHOD", "BudgetFit",
+           "PowerLaw", "RobustQuadratic", "ScalingFitError", "ScalingLaws", "ScalingPrediction", "ScalingRun",
+           "fit_budget", "fit_power_law", "fit_scaling_laws", "huber_quadratic"]

@@ -12,8 +12,10 @@ recorded, when it would read more than `max_tokens_per_param` tokens per paramet
 steps moves it off the budget by more than `flop_tolerance`. Only the rules live here: the sweep of
 training steps is built from these candidates elsewhere.
 
-Plain values, no Levanter at import: FLOPs per token come from `cost.training_flops_per_token`, which
-imports Levanter when a ladder is computed.
+Plain values, no Levanter at import nor when a ladder is computed (experiments define their ladders when
+they are imported, where Levanter must not be): FLOPs per token and parameters are counted here as Levanter
+counts them (`llama_training_flops_per_token`, `llama_parameters`; the tests hold both equal to Levanter's
+own counts, which the runner records), in integers, so a candidate's FLOPs are exactly the run's.
 """
 
 from __future__ import annotations
@@ -122,6 +124,22 @@ def llama_parameters(model: ModelSpec, vocab_size: int) -> int:
     return model.num_layers * layer + model.hidden_dim + embeddings * (1 if model.tie_embeddings else 2)
 
 
+def llama_training_flops_per_token(model: ModelSpec, vocab_size: int) -> float:
+    """Training FLOPs per token of a Llama `model` over its `seq_len` context: 3 × forward (backward = 2 ×
+    forward), the forward counted as Levanter's `lm_flops_per_token` does (the project's count,
+    `cost.training_flops_per_token`) — 2 per multiply-add of the q, k, v, o and SwiGLU projections, 4·s·(heads ×
+    head width) for QKᵀ and AV plus 3·s·heads for mask and softmax per layer, and the LM head; embeddings and
+    norms 0. Integers throughout (head width = hidden ÷ heads, which `ModelSpec` keeps whole)."""
+    if model.family != "llama":
+        raise IsoFlopError(f"an IsoFLOP ladder counts Llama FLOPs, got a {model.family} model")
+    h, s = model.hidden_dim, model.seq_len
+    head = h // model.num_heads
+    query, key_value = model.num_heads * head, model.num_kv_heads * head
+    projections = 2 * h * (query + 2 * key_value) + 2 * h * h + 2 * 3 * h * model.intermediate_dim
+    attention = 4 * s * query + 3 * s * model.num_heads
+    return float(3 * (model.num_layers * (projections + attention) + 2 * h * vocab_size))
+
+
 def learning_rate_for(batch: int, tokens: int, scale: IsoFlopScale) -> float:
     """lr0·√(B/B0)·(T0/T)^0.3: larger batches take larger steps, longer runs smaller ones."""
     return (scale.learning_rate * math.sqrt(batch / scale.reference_batch)
@@ -200,10 +218,8 @@ class IsoFlopLadder:
 def candidate(budget: float, hidden: int, vocab_size: int,
               scale: IsoFlopScale) -> IsoFlopCandidate | RejectedCandidate:
     """The run a `budget` gives width `hidden`, or why it gives none."""
-    from marin_assets.pipeline.training.cost import training_flops_per_token
-
     model = model_for(hidden, scale)
-    per_token = training_flops_per_token(model, vocab_size)
+    per_token = llama_training_flops_per_token(model, vocab_size)
     exact = budget / per_token
     parameters = llama_parameters(model, vocab_size)
 
@@ -267,5 +283,5 @@ def isoflop_ladder(budgets: Sequence[float], vocab_size: int, scale: IsoFlopScal
 
 __all__ = ["DEPTH_BASE", "DEPTH_OFFSET", "DEPTH_SLOPE", "LR_TOKEN_EXPONENT", "MIN_CANDIDATES", "MLP_RATIO",
            "IsoFlopCandidate", "IsoFlopError", "IsoFlopLadder", "IsoFlopScale", "RejectedCandidate", "batch_for",
-           "budget_label", "candidate", "isoflop_ladder", "learning_rate_for", "llama_parameters", "model_for",
-           "num_layers_for"]
+           "budget_label", "candidate", "isoflop_ladder", "learning_rate_for", "llama_parameters",
+           "llama_training_flops_per_token", "model_for", "num_layers_for"]
