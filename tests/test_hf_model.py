@@ -324,3 +324,14 @@ def test_the_steps_refuse_what_they_cannot_use(made):
     assert from_checkpoint(made.converted).identity() == {"checkpoint_of": made.converted.name_with_hash,
                                                           "checkpoint_step": None}
     assert from_hf(made.model).identity() == {"hf_step": made.model.name_with_hash}
+
+
+def test_a_run_from_a_conversion_given_its_model_knows_it_without_being_told(made):
+    """A conversion given its `ModelSpec` passes it on to what starts from it (SFT, DPO); one reading it from the
+    config at run time cannot, and the step asks for it when defined."""
+    from marin_assets.pipeline.training.sft import model_of
+
+    typed = hf_to_levanter_step("checkpoints/tiny-llama-levanter-typed", made.model, model=TINY)
+    assert model_of("step 'x'", None, from_checkpoint(typed)) == TINY
+    with pytest.raises(StepDefinitionError, match="step 'x': give model="):
+        model_of("step 'x'", None, from_checkpoint(made.converted))

@@ -39,13 +39,11 @@ from marin_assets.pipeline.training.reference_logprobs import (
 )
 from marin_assets.pipeline.training.run import LOSS_FELL, TrainResult, TrainStep
 from marin_assets.pipeline.training.runner import RunPlaces, platform_for, run_training
-from marin_assets.pipeline.training.sft import source_model
+from marin_assets.pipeline.training.sft import model_of, source_model
 from marin_assets.pipeline.training.sources import (
     InitFrom,
     InitWeights,
     TrainSourceError,
-    read_hf_config,
-    source_mismatches,
 )
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.training.tracking import Tracking
@@ -181,13 +179,7 @@ def dpo_step(name: str, prefs: Step, init_from: InitFrom, beta: float = DEFAULT_
                                   " made by preference_tokenize_step); DPO compares the two answers of each pair")
     if not beta > 0:
         raise StepDefinitionError(f"DPO step {name!r}: beta must be positive, got {beta}")
-    model = model or source_model(init_from)
-    if model is None:
-        raise StepDefinitionError(f"DPO step {name!r}: give model= (the ModelSpec of the weights in"
-                                  f" {init_from.describe()}); only a training or export step's model is known")
-    mismatch = source_mismatches(model, init_from, read_hf_config(init_from.folder) if init_from.folder else None)
-    if mismatch:
-        raise StepDefinitionError(f"DPO step {name!r}: {mismatch}")
+    model = model_of(f"DPO step {name!r}", model, init_from, check_config=True)
     resources = Resources(cpu=cpu, gpu=gpu, gpu_type=gpu_type)
     if isinstance(reference, ReferenceLogprobsStep):
         ref_step = reference

@@ -32,7 +32,7 @@ from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep, 
 from marin_assets.pipeline.training.pretrain import TrainDataError
 from marin_assets.pipeline.training.run import TrainResult, TrainStep
 from marin_assets.pipeline.training.runner import platform_for
-from marin_assets.pipeline.training.sft import source_model
+from marin_assets.pipeline.training.sft import model_of
 from marin_assets.pipeline.training.sources import (
     InitFrom,
     InitWeights,
@@ -268,13 +268,7 @@ def reference_logprobs_step(name: str | None, reference: InitFrom, prefs: Step, 
     if isinstance(prefs, TokenizeStep) and prefs.preference is False:
         raise StepDefinitionError(f"reference log-prob step {name!r}: {prefs.name} is not a preference cache"
                                   " (preference_tokenize_step)")
-    model = model or source_model(reference)
-    if model is None:
-        raise StepDefinitionError(f"reference log-prob step {name!r}: give model= (the ModelSpec of the weights in"
-                                  f" {reference.describe()}); only a training or export step's model is known")
-    mismatch = source_mismatches(model, reference, read_hf_config(reference.folder) if reference.folder else None)
-    if mismatch:
-        raise StepDefinitionError(f"reference log-prob step {name!r}: {mismatch}")
+    model = model_of(f"reference log-prob step {name!r}", model, reference, check_config=True)
     resources = Resources(cpu=cpu, gpu=gpu, gpu_type=gpu_type)
     what = f"step {name!r}"
 

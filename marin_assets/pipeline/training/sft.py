@@ -21,6 +21,7 @@ from marin_assets.core.record import load_result
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep
 from marin_assets.pipeline.training.export import ExportStep
+from marin_assets.pipeline.training.hf_to_levanter import HfToLevanterStep
 from marin_assets.pipeline.training.pretrain import (
     LmTraining,
     TrainDataError,
@@ -30,7 +31,7 @@ from marin_assets.pipeline.training.pretrain import (
 )
 from marin_assets.pipeline.training.run import TrainResult, TrainStep
 from marin_assets.pipeline.training.runner import RunPlaces
-from marin_assets.pipeline.training.sources import InitFrom, TrainSourceError
+from marin_assets.pipeline.training.sources import InitFrom, TrainSourceError, read_hf_config, source_mismatches
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TokenBudget, TrainerSpec
 
 SFT_OPTIMIZER = OptimizerSpec(learning_rate=1e-3, weight_decay=0.0, warmup=0.03, lr_schedule="linear",
@@ -66,7 +67,24 @@ def source_model(init_from: InitFrom) -> ModelSpec | None:
         return source.model
     if isinstance(source, ExportStep) and isinstance(source.exports, TrainStep):
         return source.exports.model
+    if isinstance(source, HfToLevanterStep):
+        return source.model
     return None
+
+
+def model_of(who: str, model: ModelSpec | None, init_from: InitFrom, *, check_config: bool = False) -> ModelSpec:
+    """The model a run from `init_from` trains or scores: `model`, else the source's (`source_model`); with
+    `check_config`, checked against the source folder's config. A `StepDefinitionError` naming `who` otherwise."""
+    model = model or source_model(init_from)
+    if model is None:
+        raise StepDefinitionError(f"{who}: give model= (the ModelSpec of the weights in {init_from.describe()});"
+                                  " only a training, export or conversion step's model is known")
+    if check_config:
+        mismatch = source_mismatches(model, init_from,
+                                     read_hf_config(init_from.folder) if init_from.folder else None)
+        if mismatch:
+            raise StepDefinitionError(f"{who}: {mismatch}")
+    return model
 
 
 def check_chat_components(step_name: str, caches: Mapping[str, TokenizedCache]) -> None:
@@ -90,10 +108,7 @@ def sft_step(name: str, chat: dict[str, Step], init_from: InitFrom, model: Model
     if not isinstance(init_from, InitFrom):
         raise StepDefinitionError(f"SFT step {name!r}: init_from must say where the pretrained weights are:"
                                   " from_hf(export step or folder) or from_checkpoint(training step)")
-    model = model or source_model(init_from)
-    if model is None:
-        raise StepDefinitionError(f"SFT step {name!r}: give model= (the ModelSpec of the weights in"
-                                  f" {init_from.describe()}); only a training or export step's model is known")
+    model = model_of(f"SFT step {name!r}", model, init_from)
     refuse_preference_caches(f"SFT step {name!r}", chat, StepDefinitionError)
     kinds = {k: is_chat_step(s) for k, s in chat.items()}
     if kinds and all(kind is False for kind in kinds.values()):
