@@ -261,8 +261,8 @@ def test_a_light_step_runs_on_ray_when_in_process_is_turned_off(prefix, local_ra
 
 
 def test_the_record_keeps_the_start_up_apart_from_the_steps_own_work(prefix, local_ray):
-    """A step's `duration_s` is its function's own time on the worker; joining Ray and waiting for a
-    worker to start it is `startup_s`; both within the materialization's wall time."""
+    """A step's `duration_s` is its function's own time where it ran; joining Ray and waiting for a worker to
+    start it is `startup_s`, kept apart (how long either takes is bench/'s business)."""
     from marin_assets.core.light import light
     from marin_assets.execution.ray_runner import ray_runner
 
@@ -271,9 +271,10 @@ def test_the_record_keeps_the_start_up_apart_from_the_steps_own_work(prefix, loc
                          (Step(name="light/sleeps", fn=light(functools.partial(interval, 0.3))), "process")):
         outcome = materialize_step(step, settings=FAST, run_fn=runner)
         record = outcome.record
-        start, end = record.result
         assert runner.ran_in == ran_in
-        # the function's own time, measured where it ran (the record keeps milliseconds)
-        assert record.duration_s == pytest.approx(end - start, abs=0.05)
-        assert record.startup_s + record.duration_s <= outcome.duration_s + 0.001
+        # the record holds what the runner measured, each part apart: the function's own work where it ran,
+        # and the start-up before it
+        startup, work = runner.timing()
+        assert work is not None and record.duration_s == round(work, 3)
+        assert record.startup_s == round(startup, 3)
         assert (record.startup_s > 0) == (ran_in == "ray")  # a task's wait for its worker; nothing in process
