@@ -38,6 +38,17 @@ from measure import compare, in_memory_encoders, rotated
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def tokens_per_second(kinds: dict, reps: int) -> dict[str, list[float]]:
+    """Each kind's tokens/s per repetition, the order rotated each time (`kinds[kind](rep)` returns its tokens)."""
+    rates: dict[str, list[float]] = {k: [] for k in kinds}
+    for rep in range(reps):
+        for kind in rotated(list(kinds), rep):
+            start = time.perf_counter()
+            tokens = kinds[kind](rep)
+            rates[kind].append(tokens / (time.perf_counter() - start))
+    return rates
+
+
 def stdlib_texts(limit_bytes: int, max_document_bytes: int | None = None) -> list[str]:
     """Source files of the standard library, sorted by path, until `limit_bytes` of text (repeated if short);
     blank files left out, and with `max_document_bytes` the files larger than that."""
@@ -176,12 +187,7 @@ def throughput_rows(tmp: str, texts: list[str], raw: str, tok: str, reps: int, c
         raise AssertionError(f"token counts differ: {counted}")
     if backend != {"auto": "fastokens", "tokenizers": "tokenizers"}:
         raise AssertionError(f"the asset did not tokenize with the backends compared: {backend}")
-    rates: dict[str, list[float]] = {k: [] for k in kinds}
-    for rep in range(reps):
-        for kind in rotated(list(kinds), rep):
-            start = time.perf_counter()
-            tokens = kinds[kind](rep)
-            rates[kind].append(tokens / (time.perf_counter() - start))
+    rates = tokens_per_second(kinds, reps)
     size = f"{counted['ours'] / 1e6:.2f}M tokens of {corpus}"
     return [
         compare(f"{key}_vs_fastokens", f"{label}: tokenize asset (fastokens) ÷ fastokens encode_batch_flat on the"
@@ -230,12 +236,7 @@ def fallback_row(tmp: str, texts: list[str], raw: str, tok: str, reps: int, corp
         raise AssertionError(f"token counts differ: {counted}")
     if found["backend"] != "tokenizers" or "cannot load" not in found["reason"]:
         raise AssertionError(f"fastokens was expected to refuse this tokenizer: {found}")
-    rates: dict[str, list[float]] = {k: [] for k in kinds}
-    for rep in range(reps):
-        for kind in rotated(list(kinds), rep):
-            start = time.perf_counter()
-            tokens = kinds[kind](rep)
-            rates[kind].append(tokens / (time.perf_counter() - start))
+    rates = tokens_per_second(kinds, reps)
     megabytes = sum(len(t.encode()) for t in texts) / 1e6
     return compare(key, f"{label}: tokenize asset, default backend, with a tokenizer fastokens refuses (the real"
                    f" cl100k: id gaps) ÷ HF tokenizers encode_batch_fast on the same texts in memory"

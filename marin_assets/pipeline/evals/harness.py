@@ -40,7 +40,7 @@ from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.evals.levanter_harness import harness_model, single_process_bootstrap
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
 from marin_assets.pipeline.tokens.array_store import s3_arrays
-from marin_assets.pipeline.training.export import _step_of
+from marin_assets.pipeline.training.export import checkpoint_step_of
 from marin_assets.pipeline.training.lineage import Lineage, training_datasets_of
 from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.specs import ModelSpec
@@ -194,7 +194,7 @@ def evaluate_harness(output_path: str, checkpoint: str, model: ModelSpec, tokeni
                                                                 for n, rows in samples.items()})
             scores = {n: _with_contamination(s, contamination.tasks.get(n), bool(contamination.unknown))
                       for n, s in scores.items()}
-        return HarnessResult(checkpoint, _step_of(checkpoint), num_fewshot, limit, scores,
+        return HarnessResult(checkpoint, checkpoint_step_of(checkpoint), num_fewshot, limit, scores,
                              round(finished - loaded, 2), round(loaded - started, 2), contamination=contamination,
                              contamination_status=contamination_status(contamination))
 

@@ -34,7 +34,7 @@ from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_st
 from marin_assets.pipeline.evals.token_scores import checkpoint_tokenizer, token_scorer
 from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep, tokenizer_fingerprint
-from marin_assets.pipeline.training.export import _step_of
+from marin_assets.pipeline.training.export import checkpoint_step_of
 from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.specs import ModelSpec
 
@@ -154,7 +154,7 @@ def token_log_probs(output_path: str, checkpoint: str, model: ModelSpec, tokeniz
         raise LogProbsError(f"the first {count} documents of {cache_split} have no token to score (one id each)")
     hardest = hardest_documents(texts, documents, scores, tokenizer)
     return LogProbsResult(
-        checkpoint, _step_of(checkpoint), count, int(log_probs.size), float(log_probs.mean()),
+        checkpoint, checkpoint_step_of(checkpoint), count, int(log_probs.size), float(log_probs.mean()),
         float(-log_probs.mean()), float(entropies.mean()), hardest, hardest_tokens(texts, documents, scores, tokenizer),
         table_path, html_path, _preview_markdown(hardest), seconds)
 

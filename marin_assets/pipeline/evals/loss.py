@@ -21,7 +21,7 @@ from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_st
 from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache
 from marin_assets.pipeline.tokens.tokenizer import model_vocab_size
-from marin_assets.pipeline.training.export import _step_of, is_hf_model
+from marin_assets.pipeline.training.export import checkpoint_step_of, is_hf_model
 from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
 
@@ -94,7 +94,7 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
                 raise RuntimeError(f"evaluation of {checkpoint} logged no eval/loss")
             per_dataset = {name: {"loss": logged[f"eval/{name}/loss"], "bpb": logged.get(f"eval/{name}/bpb")}
                            for name in caches if f"eval/{name}/loss" in logged}
-            result = EvalResult(checkpoint, _step_of(checkpoint), logged["eval/loss"], logged.get("eval/bpb"),
+            result = EvalResult(checkpoint, checkpoint_step_of(checkpoint), logged["eval/loss"], logged.get("eval/bpb"),
                                 per_dataset, round(time.monotonic() - started, 2))
             with open_file(join_path(output_path, "metrics.jsonl"), "wb") as out, open(metrics_file, "rb") as src:
                 out.write(src.read())

@@ -26,7 +26,8 @@ class ExportResult:
     step: int
 
 
-def _step_of(checkpoint: str) -> int | None:
+def checkpoint_step_of(checkpoint: str) -> int | None:
+    """N of a `…/step-N` checkpoint folder; None for any other folder (a Hugging Face model)."""
     name = checkpoint.rstrip("/").rsplit("/", 1)[-1]
     return int(name.split("-", 1)[1]) if name.startswith("step-") else None
 
@@ -44,7 +45,7 @@ def export_hf(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_pat
             raise FileNotFoundError(f"no complete checkpoint at {checkpoint}")
         export_checkpoint(checkpoint, output_path, model, tokenizer_path,
                           vocab_size or model_vocab_size(tokenizer_path, model.vocab_multiple))
-        return ExportResult(output_path, checkpoint, _step_of(checkpoint) or 0)
+        return ExportResult(output_path, checkpoint, checkpoint_step_of(checkpoint) or 0)
 
 
 def is_hf_model(checkpoint: str) -> bool:
