@@ -12,6 +12,7 @@ Sensors and schedules start switched off; turn them on in the UI (Automation) or
 import os
 
 from marin_assets.dagster import experiment_definitions
+from marin_assets.dagster.components import yaml_experiments
 from marin_assets.experiments import (
     downstream_eval,
     dpo_chat,
@@ -24,7 +25,7 @@ from marin_assets.experiments import (
 from resources import RayResource, StorageResource
 
 EXPERIMENTS = [hello_world.experiment, python_docs.experiment, downstream_eval.experiment, sft_chat.experiment,
-               dpo_chat.experiment, overlap_demo.experiment, scaling_ladder.experiment]
+               dpo_chat.experiment, overlap_demo.experiment, scaling_ladder.experiment, *yaml_experiments()]
 steps = [s for e in EXPERIMENTS for s in e.steps]
 per_checkpoint = [f for e in EXPERIMENTS for f in e.per_checkpoint]
 

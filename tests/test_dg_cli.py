@@ -79,6 +79,11 @@ def test_dg_checks_and_lists_the_definitions_dagster_loads(env):
     check = run_cli(BIN / "dg", "check", "defs", env=env)
     assert "All definitions loaded successfully." in check.stdout + check.stderr
     assert VENV_WARNING not in check.stdout + check.stderr  # `.venv/bin/dg` needs no activated venv
+    # The defs folder's YAML experiments (marin_assets/defs/*/defs.yaml) are checked against their schema first.
+    assert "All component YAML validated successfully." in check.stdout
+
+    components = json.loads(run_cli(BIN / "dg", "list", "components", "--json", env=env).stdout)["items"]
+    assert "marin_assets.dagster.components.LanguageModelExperiment" in {c["key"] for c in components}
 
     listed = json.loads(run_cli(BIN / "dg", "list", "defs", "--json", env=env).stdout)
     keys = {a["asset_key"] for a in listed["assets"]}
