@@ -12,6 +12,7 @@ returns the record as metadata and `data_version` = hash (plus the content versi
 
 
 import functools
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,9 @@ class Partitioned:
     summary: Callable[[str, StepOutcome, dg.AssetExecutionContext], Mapping[str, Any]] | None = field(
         default=None, repr=False)
     """More metadata for a partition's materialization: `summary(partition_key, outcome, context)`."""
+    follows: Step | None = None
+    """The step whose run this family keeps up with (a training run, for per-checkpoint evaluations): its
+    freshness policy holds while that step is unfinished (`marin_assets.dagster.freshness`)."""
 
 
 def _describe(step: Step) -> str:
@@ -124,9 +128,18 @@ def _materialize(step: Step, context: dg.AssetExecutionContext,
                                 check_results=_check_results(step, outcome, prefix, context))
 
 
-def _check_specs(step: Step, key: dg.AssetKey) -> list[dg.AssetCheckSpec]:
-    return [dg.AssetCheckSpec(c.name, asset=key, description=c.description, blocking=c.blocking)
-            for c in step.checks]
+def _check_specs(step: Step, key: dg.AssetKey,
+                 partitions_def: dg.PartitionsDefinition | None = None) -> list[dg.AssetCheckSpec]:
+    """The step's checks as Dagster asset checks; on a partitioned asset, partitioned like it, so each
+    result belongs to the partition it checked (a failing checkpoint shows on its own partition)."""
+    if partitions_def is None:
+        return [dg.AssetCheckSpec(c.name, asset=key, description=c.description, blocking=c.blocking)
+                for c in step.checks]
+    with warnings.catch_warnings():  # a preview feature of Dagster 1.13, warned about on every load otherwise
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return [dg.AssetCheckSpec(c.name, asset=key, description=c.description, blocking=c.blocking,
+                                  partitions_def=partitions_def)
+                for c in step.checks]
 
 
 def _check_results(step: Step, outcome: StepOutcome, prefix: str,
@@ -170,11 +183,13 @@ def _definition_metadata(step: Step) -> dict[str, Any]:
 
 def step_asset(step: Step, automation_condition: dg.AutomationCondition | None = None, *,
                partitioned: Partitioned | None = None, extra_kinds: Sequence[str] = (),
-               drift: Drift | None = None) -> dg.AssetsDefinition:
+               drift: Drift | None = None, freshness: dg.FreshnessPolicy | None = None) -> dg.AssetsDefinition:
     """The Dagster asset serving one step — or, with `partitioned`, a family of steps, one per partition.
 
     `extra_kinds`: kinds from the deployment (e.g. `gcs` for a `gs://` prefix); `drift`: how
-    the step differs from the asset's last materialization, shown in its description.
+    the step differs from the asset's last materialization, shown in its description; `freshness`:
+    how recently it should have materialized (only where that means something: see
+    `marin_assets.dagster.freshness`). A partitioned asset's checks are partitioned with it.
 
     Built from an `AssetSpec` and an `OpDefinition` rather than `@asset`: the decorator
     inspects the function's signature and infers types per asset, which was over half of the
@@ -207,7 +222,8 @@ def step_asset(step: Step, automation_condition: dg.AutomationCondition | None =
     ins = {input_name(d.name): asset_key(d.name) for d in deps}
     if len(ins) != len(deps):
         check_unique_names(deps)  # raises, naming the two steps
-    checks = {spec.get_python_identifier(): spec for spec in _check_specs(step, key)}
+    partitions_def = partitioned.partitions_def if partitioned else None
+    checks = {spec.get_python_identifier(): spec for spec in _check_specs(step, key, partitions_def)}
     op = dg.OpDefinition(
         compute_fn=compute,
         name=op_name(key),
@@ -230,7 +246,8 @@ def step_asset(step: Step, automation_condition: dg.AutomationCondition | None =
         description=description,
         metadata=metadata,
         automation_condition=automation_condition,
-        partitions_def=partitioned.partitions_def if partitioned else None,
+        partitions_def=partitions_def,
+        freshness_policy=freshness,
     )
     return dg.AssetsDefinition(keys_by_input_name=ins, keys_by_output_name={"result": key}, node_def=op,
                                check_specs_by_output_name=checks, specs=[spec])
@@ -243,17 +260,20 @@ def build_assets(
     extra_kinds: Sequence[str] = (),
     drift: Mapping[str, Drift] | None = None,
     other_names: Sequence[str] = (),
+    freshness: Mapping[str, dg.FreshnessPolicy] | None = None,
 ) -> list[dg.AssetsDefinition]:
     """Assets for `steps` and everything they depend on, each identity once.
 
     Two names Dagster would turn into one op or input name — among the steps, or a step and one
     of `other_names` (other assets served beside them) — are a `StepDefinitionError` naming both.
     `automation`: steps that materialize themselves, with their condition (see
-    `marin_assets.dagster.conditions.automate`); `drift`: step name → its drift."""
-    automation, drift = automation or {}, drift or {}
+    `marin_assets.dagster.conditions.automate`); `drift`: step name → its drift; `freshness`: step
+    name → its freshness policy (the sources a source sensor follows)."""
+    automation, drift, freshness = automation or {}, drift or {}, freshness or {}
     steps = walk(steps)
     check_unique_names(steps, other_names)
-    return [step_asset(step, automation.get(step), extra_kinds=extra_kinds, drift=drift.get(step.name))
+    return [step_asset(step, automation.get(step), extra_kinds=extra_kinds, drift=drift.get(step.name),
+                       freshness=freshness.get(step.name))
             for step in steps]
 
 

@@ -9,6 +9,11 @@ far. The sensor lists the training run's checkpoint folder once per tick (local 
 through fsspec) and, for each new complete permanent checkpoint, adds the partition and
 requests its evaluation — while training is still running, since a checkpoint is read from its
 folder, not from the training step's record.
+
+The step's checks are partitioned asset checks: a checkpoint whose evaluation fails a check shows the
+failure on its own partition. While the run trains, the asset carries a freshness policy (`freshness=`,
+default: warn after 6 hours without an evaluated checkpoint, fail after a day;
+`marin_assets.dagster.freshness`), dropped once the run has finished.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import dagster as dg
 from marin_assets.core.materialize import StepOutcome
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.dagster.assets import Partitioned, step_asset, storage_settings
+from marin_assets.dagster.freshness import CHECKPOINT_EVALS_FRESHNESS
 from marin_assets.dagster.naming import asset_key
 from marin_assets.pipeline.evals.steps import CheckpointEvals
 from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
@@ -56,8 +62,11 @@ def results_table(evals: CheckpointEvals, checkpoints: Sequence[int], prefix: st
     return dg.MetadataValue.table(rows, schema=dg.TableSchema(columns))
 
 
-def checkpoint_evals_asset(evals: CheckpointEvals) -> dg.AssetsDefinition:
-    """The partitioned asset: partition `N` evaluates checkpoint step N (made by `step_asset`)."""
+def checkpoint_evals_asset(evals: CheckpointEvals,
+                           freshness: dg.FreshnessPolicy | None = CHECKPOINT_EVALS_FRESHNESS) -> dg.AssetsDefinition:
+    """The partitioned asset: partition `N` evaluates checkpoint step N (made by `step_asset`), its checks
+    partitioned with it. `freshness`: how recently some checkpoint should have been evaluated while the
+    training runs (None: no policy); `build_definitions` drops it once the training has finished."""
     def summary(partition: str, outcome: StepOutcome, context: dg.AssetExecutionContext) -> dict[str, Any]:
         checkpoint = int(partition)
         prefix, _ = storage_settings(context.resources.storage)
@@ -70,8 +79,8 @@ def checkpoint_evals_asset(evals: CheckpointEvals) -> dg.AssetsDefinition:
     template = dataclasses.replace(evals.step(0), description=evals.description)
     family = Partitioned(name=evals.name, partitions_def=partitions_of(evals),
                          step_for=lambda key: evals.step(int(key)), code_version=evals.hash,
-                         deps=[evals.train, *evals.deps], summary=summary)
-    return step_asset(template, partitioned=family)
+                         deps=[evals.train, *evals.deps], summary=summary, follows=evals.train)
+    return step_asset(template, partitioned=family, freshness=freshness)
 
 
 def checkpoint_sensor(

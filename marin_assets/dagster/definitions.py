@@ -14,6 +14,7 @@ from marin_assets.core.paths import default_prefix
 from marin_assets.core.step import Step, walk
 from marin_assets.dagster.assets import RAY_KEY, STORAGE_KEY, build_assets, step_of
 from marin_assets.dagster.drift import drifts_from_instance
+from marin_assets.dagster.freshness import followed_freshness, without_finished_runs
 from resources.ray import RayResource
 from resources.storage import StorageResource
 
@@ -39,6 +40,10 @@ def build_definitions(
     schedules go in `definitions_kwargs`. `describe_drift` reads the Dagster instance (one
     query) so that assets whose identity changed since their last materialization say how
     in their description; it is read when the definitions load (the UI's "Reload").
+
+    Freshness (`marin_assets.dagster.freshness`): the sources a source sensor among `sensors` follows get
+    its policy; a per-checkpoint family whose training has finished — its output SUCCESS as the definitions
+    load, one status read per family — loses its own.
     """
     all_resources = {STORAGE_KEY: StorageResource(), RAY_KEY: RayResource(), **(resources or {})}
     definitions_kwargs.setdefault("executor", dg.in_process_executor)
@@ -49,9 +54,11 @@ def build_definitions(
     allow_recursion_for(all_steps)
     drift = drifts_from_instance(all_steps) if describe_drift else None
     other_names = ["/".join(k.path) for a in extra_assets for k in a.keys]
+    freshness = followed_freshness(definitions_kwargs.get("sensors") or ())
     with collector_paused():
-        assets = [*build_assets(all_steps, automation, extra_kinds=extra_kinds, drift=drift, other_names=other_names),
-                  *extra_assets]
+        assets = [*build_assets(all_steps, automation, extra_kinds=extra_kinds, drift=drift, other_names=other_names,
+                                freshness=freshness),
+                  *without_finished_runs(extra_assets, prefix)]
         definitions = dg.Definitions(assets=assets, resources=all_resources, **definitions_kwargs)
         if len(assets) >= LARGE_GRAPH:
             prebuild(definitions)

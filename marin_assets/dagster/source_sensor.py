@@ -7,6 +7,9 @@ When they differ it requests one run: the download, forced (rewritten in place),
 step downstream of it — which find their recorded input versions out of date and recompute,
 while steps that do not read the download stay cache hits. Pinned sources (a commit sha)
 have no source version and are never refreshed.
+
+A followed source is expected to move: its asset carries a freshness policy (`freshness=`, default a week,
+warning after a day; `marin_assets.dagster.freshness`), which `build_definitions` reads from the sensor.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import dagster as dg
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.core.step import Step, walk
 from marin_assets.dagster.assets import FORCE_TAG, storage_settings
+from marin_assets.dagster.freshness import FOLLOWED_SOURCE_FRESHNESS, followed_metadata
 from marin_assets.dagster.naming import asset_key
 from resources.storage import StorageResource
 
@@ -50,9 +54,13 @@ def source_sensor(
     include_downstream: bool = True,
     minimum_interval_seconds: int = 300,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
+    freshness: dg.FreshnessPolicy | None = FOLLOWED_SOURCE_FRESHNESS,
 ) -> dg.SensorDefinition:
     """Watch the changing sources among `steps` (and their deps); refresh them and, with
-    `include_downstream`, everything built from them."""
+    `include_downstream`, everything built from them.
+
+    `freshness`: how often each followed source is expected to bring a new version — the policy its asset
+    shows when this sensor is served by `build_definitions` (None: no policy)."""
     watched = watched_sources(steps)
     if not watched:
         raise ValueError("source_sensor: none of these steps has a changing source (a source_version)")
@@ -66,6 +74,7 @@ def source_sensor(
         default_status=default_status,
         description="Refreshes a download (and what is built from it) when its source changes upstream:"
                     " a new commit on a followed branch, a changed file at a URL.",
+        metadata=followed_metadata(watched, freshness),
     )
     def follow_sources(context: dg.SensorEvaluationContext, storage: StorageResource) -> dg.SensorResult:
         prefix, _ = storage_settings(storage)
