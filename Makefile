@@ -48,12 +48,15 @@ $(DAGSTER_HOME)/dagster.yaml: Makefile
 	touch $@
 
 demo: install $(DAGSTER_HOME)/dagster.yaml
-	$(BIN)/dagster asset materialize -f definitions.py --select '*hello/report,*exports/python-docs-llama,*evals/python-docs-llama,*evals/python-docs-llama-harness'
-	@# One tick of the checkpoint sensor, without the daemon: every checkpoint's evaluation partitions.
-	$(BIN)/marin-assets tick marin_checkpoint_evals
+	@# Quiet: a line per asset, the training loss as it falls, a summary; what Dagster, Ray, JAX and the steps print
+	@# goes to $(DAGSTER_HOME)/logs/ (the runs' events are in the instance and the UI). --verbose prints it all.
+	@$(BIN)/marin-assets materialize -f definitions.py --select '*hello/report,*exports/python-docs-llama,*evals/python-docs-llama,*evals/python-docs-llama-harness'
 	@echo
-	@echo "Outputs (second run of 'make demo' reports every asset cached: true):"
-	@$(BIN)/marin-assets status --select '*'
+	@echo "Every checkpoint's evaluations: one tick of the checkpoint sensor, without the daemon"
+	@$(BIN)/marin-assets tick marin_checkpoint_evals
+	@echo
+	@echo "Where the outputs are (a second 'make demo' computes nothing: every asset cached: true):"
+	@$(BIN)/marin-assets status -f definitions.py --select '*hello/report,*exports/python-docs-llama,*evals/python-docs-llama,*evals/python-docs-llama-harness'
 	@echo
 	@echo "Open the UI:  make dev   then browse http://127.0.0.1:3000/asset-groups  (DAGSTER_HOME=$(DAGSTER_HOME))"
 

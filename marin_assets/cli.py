@@ -1,14 +1,19 @@
-"""`marin-assets`: what Dagster does not do — plan, show where outputs are, collect garbage, tick a sensor once.
+"""`marin-assets`: what Dagster does not do — plan, show where outputs are, collect garbage, tick a sensor, run quietly.
 
     marin-assets plan --select '*hello/report' [--json] [-f definitions.py | -m module]
     marin-assets status --select '*'
+    marin-assets materialize --select '*hello/report' [--partition KEY] [--verbose]   (one line per asset)
     marin-assets gc [--older-than 7d] [--also module.or/file.py ...] [--json] [--delete]
-    marin-assets tick marin_checkpoint_evals     (one sensor tick, its runs here: no daemon needed)
+    marin-assets tick marin_checkpoint_evals [--verbose]     (one sensor tick, its runs here: no daemon needed)
+
+`materialize` and `tick` are quiet: what Dagster, Ray, JAX and the steps print goes to a log file under
+$DAGSTER_HOME/logs (the run's events are in the instance and the UI); `--verbose` prints it all here.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -16,6 +21,7 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
@@ -23,12 +29,25 @@ from dotenv import dotenv_values
 
 from marin_assets.core.gc import Deletion, StepFamily, delete_garbage, find_garbage, parse_duration
 from marin_assets.core.plan import plan
+from marin_assets.core.priced_plan import plan_price_lines, price_plan
+from marin_assets.core.prices import PriceFileError, PriceTable
+from marin_assets.core.pricing import over_budget
 from marin_assets.core.step import Step, walk
 from marin_assets.core.stores import read_status
 from marin_assets.dagster.assets import STORAGE_KEY, Partitioned, storage_settings
+from marin_assets.dagster.console import (
+    UI_RUNS,
+    RunPresenter,
+    console_log_path,
+    following,
+    human_seconds,
+    materialize_quietly,
+    quiet_console,
+    shown_path,
+)
 from marin_assets.dagster.definitions import steps_of
 from marin_assets.dagster.drift import previous_materializations
-from marin_assets.dagster.sensor_tick import tick_sensor
+from marin_assets.dagster.sensor_tick import SENSOR_NAME_TAG, tick_sensor
 from resources.storage import StorageResource
 
 
@@ -74,17 +93,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 2
     prefix, settings = storage_settings(storage_of(defs))
     rows = plan([steps[n] for n in chosen], chosen, prefix, settings, previous_materializations(steps))
+    try:
+        prices = PriceTable.load(args.prices)
+    except PriceFileError as e:
+        print(f"marin-assets plan: {e}", file=sys.stderr)
+        return 2
+    priced = price_plan(rows, steps, prefix, prices)
+    refused = over_budget(priced, args.max_device_hours, args.max_cost)
     if args.json:
-        print(json.dumps([r.to_dict() for r in rows], indent=2))
-        return 0
-    width = max(len(r.asset_key) for r in rows)
-    for r in rows:
-        mark = " " if r.selected else "^"
-        print(f"{mark} {r.asset_key:<{width}}  {r.action:<7}  {r.hash}  {r.output_path}")
-        print(f"  {'':<{width}}  {r.reason}")
-        for c in r.changed:
-            print(f"  {'':<{width}}    {c['field']}: {c['old']!r} -> {c['new']!r}")
-    print("\n(^ = upstream of the selection, not selected)")
+        by_step = {p.step: p.to_dict() for p in priced.predictions}
+        print(json.dumps({"rows": [{**r.to_dict(), "prediction": by_step.get(r.asset_key)} for r in rows],
+                          "totals": priced.totals, "prices": prices.to_dict(),
+                          "budget": {"max_device_hours": args.max_device_hours, "max_cost": args.max_cost,
+                                     "refused": refused}}, indent=2))
+    else:
+        width = max(len(r.asset_key) for r in rows)
+        for r in rows:
+            mark = " " if r.selected else "^"
+            print(f"{mark} {r.asset_key:<{width}}  {r.action:<7}  {r.hash}  {r.output_path}")
+            print(f"  {'':<{width}}  {r.reason}")
+            for c in r.changed:
+                print(f"  {'':<{width}}    {c['field']}: {c['old']!r} -> {c['new']!r}")
+        print("\n(^ = upstream of the selection, not selected)\n")
+        print("\n".join(plan_price_lines(priced)))
+    if refused:
+        print(f"marin-assets plan: over budget: {refused}", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -112,8 +146,80 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     width = max((len(r["asset_key"]) for r in rows), default=10)
     for r in rows:
-        cached = {True: "cached: true", False: "cached: false", None: "not materialized"}[r["cached"]]
-        print(f"{r['asset_key']:<{width}}  {str(r['status']):<8} {cached:<17} {r['output_path']}")
+        print(f"{r['asset_key']:<{width}}  {status_words(r['status'], r['cached']):<25}  {r['output_path']}")
+    return 0
+
+
+def status_words(status: str | None, cached: bool | None) -> str:
+    """`SUCCESS  cached: true`; `not materialized` when nothing is on disk (the JSON says null); `SUCCESS  (no run
+    here)` when the output exists but this instance has no materialization of it; `FAILED` alone."""
+    if status is None:
+        return "not materialized"
+    if cached is None:
+        last = "(no run here)" if status == "SUCCESS" else ""
+    else:
+        last = "cached: true" if cached else "cached: false"
+    return f"{status:<8} {last}".rstrip()
+
+
+def selected_keys(defs: dg.Definitions, select: str) -> list[dg.AssetKey]:
+    """Every asset key (step assets and partitioned families alike) a selection in Dagster's CLI syntax picks."""
+    with warnings.catch_warnings():  # `*` goes through a beta code path of Dagster's parser
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return sorted(dg.AssetSelection.from_coercible(select.split(",")).resolve(defs.resolve_asset_graph()))
+
+
+def selection_problem(defs: dg.Definitions, keys: list[dg.AssetKey], partition: str | None) -> str | None:
+    """Why a selection cannot run as one run (as Dagster's CLI refuses it), or None."""
+    if not keys:
+        return "matches no assets"
+    graph = defs.resolve_asset_graph()
+    partitioned = [k.to_user_string() for k in keys if graph.get(k).partitions_def is not None]
+    if partitioned and not partition:
+        return f"has partitioned assets ({', '.join(partitioned)}): give --partition"
+    if partition and not partitioned:
+        return "has no partitioned asset, yet --partition was given"
+    return None
+
+
+def quiet_or_verbose(args: argparse.Namespace, command: str) -> tuple[Any, str | None]:
+    """The console of a command that runs steps: quiet (a log file; see `dagster.console`) unless --verbose."""
+    if args.verbose:
+        return contextlib.nullcontext(sys.stdout), None
+    log_path = console_log_path(command)
+    return quiet_console(log_path), log_path
+
+
+def cmd_materialize(args: argparse.Namespace) -> int:
+    """Materialize a selection with Dagster's execution in this process — the instance, run record and event log
+    `dagster asset materialize` makes — showing one line per asset, a training's loss as it falls and a summary."""
+    if not os.environ.get("DAGSTER_HOME"):
+        raise SystemExit("marin-assets materialize: DAGSTER_HOME is not set (runs are recorded in that instance)")
+    console, log_path = quiet_or_verbose(args, "materialize")
+    with console as out:
+        defs = load_definitions(args.file, args.module)
+        try:
+            keys = selected_keys(defs, args.select)
+        except dg.DagsterError as e:  # a key no asset supplies (SystemExit: said on stderr, once it is back)
+            raise SystemExit(f"marin-assets materialize: --select {args.select!r}: {e}") from None
+        if problem := selection_problem(defs, keys, args.partition):
+            raise SystemExit(f"marin-assets materialize: selection {args.select!r} {problem}")
+        presenter = RunPresenter(out, log_path)
+        prefix, _ = storage_settings(storage_of(defs))
+        with dg.DagsterInstance.get() as instance:
+            print(f"Materializing {len(keys)} asset{'s' if len(keys) != 1 else ''}"
+                  + (f", partition {args.partition}" if args.partition else "")
+                  + (f"; everything printed goes to {shown_path(log_path)}" if log_path else ""), file=out, flush=True)
+            try:
+                run = materialize_quietly(defs, keys, instance, presenter, partition_key=args.partition)
+            except dg.DagsterError as e:  # refused before any step ran (e.g. a partition key), not a step failure
+                raise SystemExit(f"marin-assets materialize: {type(e).__name__}: {e}") from None
+        print(presenter.summary(), file=out)
+        if not run.success:
+            failed = [o.asset for o in run.outcomes if o.outcome == "failed"] or ["the run"]
+            print(f"marin-assets materialize: failed: {', '.join(failed)} (the cause is above)", file=out)
+            return 1
+        print(f"Outputs under {shown_path(prefix)}; the run's events: {UI_RUNS}/{run.run_id} (make dev)", file=out)
     return 0
 
 
@@ -243,26 +349,59 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def tick_run_line(outcome: str, seconds: float | None, partition: str | None, assets: Sequence[str],
+                  run_id: str | None) -> str:
+    """`succeeded   53.2 s  partition 50      evals/a, evals/b  (run …)`: one run of a tick."""
+    took = human_seconds(seconds) if seconds is not None else ""
+    return (f"{outcome:<9} {took:>8}  partition {partition or '-':<6}  {', '.join(assets)}"
+            + (f"  (run {run_id})" if run_id else "  (its run key already succeeded)"))
+
+
 def cmd_tick(args: argparse.Namespace) -> int:
-    """Evaluate a sensor once and run what it asks for in this process; exit 1 if a run failed."""
-    defs = load_definitions(args.file, args.module)
-    names = [s.name for s in defs.sensors or ()]
-    if args.sensor not in names:
-        raise SystemExit(f"marin-assets tick: no sensor {args.sensor!r} in the definitions (they have: "
-                         f"{', '.join(sorted(names)) or 'none'})")
+    """Evaluate a sensor once and run what it asks for in this process; exit 1 if a run failed.
+    Quiet unless --verbose: one line per run as it ends (outcome, seconds, partition, assets), a failed run's
+    cause under it."""
     if not os.environ.get("DAGSTER_HOME"):
         raise SystemExit("marin-assets tick: DAGSTER_HOME is not set (runs are recorded in that instance)")
-    with dg.DagsterInstance.get() as instance:
-        runs, skip = tick_sensor(defs, args.sensor, instance)
-    if args.json:
-        print(json.dumps({"sensor": args.sensor, "skip_reason": skip, "runs": [dataclasses.asdict(r) for r in runs]},
-                         indent=2))
-    else:
-        if skip:
-            print(f"{args.sensor}: skipped: {skip}")
-        for r in runs:
-            print(f"{r.outcome:<9}  partition {r.partition_key or '-':<6}  {', '.join(r.assets)}"
-                  + (f"  (run {r.run_id})" if r.run_id else "  (its run key already succeeded)"))
+    console, log_path = quiet_or_verbose(args, "tick")
+    with console as out:
+        defs = load_definitions(args.file, args.module)
+        names = [s.name for s in defs.sensors or ()]
+        if args.sensor not in names:
+            raise SystemExit(f"marin-assets tick: no sensor {args.sensor!r} in the definitions (they have: "
+                             f"{', '.join(sorted(names)) or 'none'})")
+        shown: set[str] = set()  # runs whose line was printed as they ended
+        with dg.DagsterInstance.get() as instance:
+            if args.json or args.verbose:
+                runs, skip = tick_sensor(defs, args.sensor, instance)
+            else:
+                def presenter_for(run_id: str) -> RunPresenter:
+                    run = instance.get_run_by_id(run_id)
+                    partition = run.tags.get("dagster/partition") if run else None
+                    assets = sorted(k.to_user_string() for k in (run.asset_selection or ())) if run else []
+
+                    def ended(success: bool, seconds: float) -> None:
+                        shown.add(run_id)
+                        print(tick_run_line("succeeded" if success else "failed", seconds, partition, assets, run_id),
+                              file=out, flush=True)
+
+                    return RunPresenter(out, log_path, run_id=run_id, per_asset=False, on_run_end=ended)
+
+                with following(instance, {SENSOR_NAME_TAG: args.sensor}, presenter_for):
+                    runs, skip = tick_sensor(defs, args.sensor, instance)
+            if args.json:
+                print(json.dumps({"sensor": args.sensor, "skip_reason": skip,
+                                  "runs": [dataclasses.asdict(r) for r in runs]}, indent=2), file=out)
+            else:
+                if skip:
+                    print(f"{args.sensor}: skipped: {skip}", file=out)
+                for r in runs:
+                    if r.run_id in shown:
+                        continue
+                    stats = instance.get_run_stats(r.run_id) if r.run_id else None
+                    seconds = stats.end_time - stats.start_time if stats and stats.start_time and stats.end_time \
+                        else None
+                    print(tick_run_line(r.outcome, seconds, r.partition_key, r.assets, r.run_id), file=out)
     return 1 if any(r.outcome == "failed" for r in runs) else 0
 
 
@@ -271,6 +410,23 @@ def add_definitions_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-f", "--file", help="definitions file (default ./definitions.py)")
     where.add_argument("-m", "--module", help="module holding the Definitions")
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
+    """`plan`'s price table and budget: over a budget, the plan exits 3 naming the steps that cost most."""
+    parser.add_argument("--prices", metavar="FILE",
+                        help="price table (TOML: per_device_hour, peak_flops, assumed_mfu; default $MARIN_PRICES,"
+                             " else the documented defaults)")
+    parser.add_argument("--max-device-hours", type=float, metavar="H",
+                        help="exit 3 if what would run is predicted to take more device-hours")
+    parser.add_argument("--max-cost", type=float, metavar="AMOUNT",
+                        help="exit 3 if what would run is predicted to cost more (in the price table's currency)")
+
+
+def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print everything (Dagster's DEBUG event log, the steps' own lines, Ray and JAX) here,"
+                             " not to a log file under $DAGSTER_HOME/logs")
 
 
 def load_dotenv_like_dagster() -> None:
@@ -291,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", help="machine-readable output")
         add_definitions_arguments(p)
         p.set_defaults(fn=fn)
+        if name == "plan":
+            add_budget_arguments(p)
     p = sub.add_parser("gc", help="outputs no definition references, and old partial ones; --delete deletes them")
     add_definitions_arguments(p)
     p.add_argument("--also", action="append", metavar="MODULE_OR_FILE",
@@ -305,7 +463,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("sensor", help="sensor name, e.g. marin_checkpoint_evals")
     add_definitions_arguments(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_verbose_argument(p)
     p.set_defaults(fn=cmd_tick)
+    p = sub.add_parser("materialize", help="materialize a selection as `dagster asset materialize` does, quietly:"
+                                           " one line per asset, a training's loss, a summary")
+    p.add_argument("--select", required=True,
+                   help="Dagster asset selection, e.g. '*hello/report' (it and all upstream) or 'hello/stats+'")
+    p.add_argument("--partition", help="the partition to materialize (selected assets must share partitions)")
+    add_definitions_arguments(p)
+    add_verbose_argument(p)
+    p.set_defaults(fn=cmd_materialize)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -34,7 +34,7 @@ def plan_json(capsys, monkeypatch):
         monkeypatch.setenv("HELLO_N", str(n))
         capsys.readouterr()
         assert cli.main(["plan", "-f", str(project / "defs.py"), "--select", select, "--json"]) == 0
-        return {row["asset_key"]: row for row in json.loads(capsys.readouterr().out)}
+        return {row["asset_key"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
 
     return plan
 
@@ -86,3 +86,4 @@ def test_plan_text_output_names_changed_fields(project):
                    env=subprocess_env(HELLO_N="12")).stdout
     assert "n: 10 -> 12" in text
     assert text.count("run ") == 2
+    assert "of the steps to run:" in text and "total: 2 step(s)" in text  # the priced plan under it

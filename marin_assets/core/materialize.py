@@ -21,12 +21,15 @@ from marin_assets.core.gc import GC_RUN_ID
 from marin_assets.core.identity import canonical
 from marin_assets.core.lease import Cached, Lease, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.paths import normalize_prefix, storage_prefix, using_prefix
+from marin_assets.core.prices import PriceTable
+from marin_assets.core.pricing import Prediction, measured_after_run, predict_for_run
 from marin_assets.core.provenance import current_provenance
 from marin_assets.core.record import ArtifactRecord, read_record, write_record
 from marin_assets.core.results import encode_result, type_name
 from marin_assets.core.status import LOCK_FILE, STATUS_FILE, Status, StatusRecord
 from marin_assets.core.step import Step
 from marin_assets.core.stores import read_status, status_store
+from marin_assets.core.throughput import Sample, write_sample
 from marin_assets.core.versions import content_version, current_input_versions
 
 logger = logging.getLogger(__name__)
@@ -133,6 +136,7 @@ def compute_and_commit(step: Step, out: str, prefix: str, lease: Lease, run_fn: 
         lease.start_heartbeat()
         inputs = current_input_versions(step, prefix)
         source = step.source_version() if step.source_version is not None else None  # before the copy
+        prediction, prices = _predict(step, prefix, log)
         fn_started = time.monotonic()
         result = run_fn(step, out, prefix, lease.lost)
         fn_duration = time.monotonic() - fn_started
@@ -140,6 +144,7 @@ def compute_and_commit(step: Step, out: str, prefix: str, lease: Lease, run_fn: 
         startup_s, work_s = timing() if timing is not None else (0.0, None)
         fn_duration = fn_duration - startup_s if work_s is None else work_s
         result_json = encode_result(step.name, result)
+        compared, sample = _measured(step, prefix, fn_duration, result_json, prediction, prices, log)
         lease.renew()
         record = ArtifactRecord(
             name=step.name,
@@ -154,9 +159,11 @@ def compute_and_commit(step: Step, out: str, prefix: str, lease: Lease, run_fn: 
             startup_s=round(startup_s, 3),
             content_version=content_version(source, inputs),
             input_versions=inputs,
+            prediction=compared,
         )
         write_record(out, record)
         lease.finish(Status.SUCCESS)
+        _keep_sample(prefix, sample, log)
         return record
     except LeaseLostError:
         lease.stop_heartbeat()
@@ -172,6 +179,35 @@ def compute_and_commit(step: Step, out: str, prefix: str, lease: Lease, run_fn: 
         except Exception:
             log.exception(f"{step.name}: could not write FAILED to {out}")
         raise
+
+
+def _predict(step: Step, prefix: str, log: Any) -> tuple[Prediction | None, PriceTable | None]:
+    """The prediction to record beside the actual numbers; None (and a warning) if it cannot be made: a
+    prediction is advice and never fails a step."""
+    try:
+        return predict_for_run(step, prefix)
+    except Exception as e:
+        log.warning(f"{step.name}: no prediction recorded ({type(e).__name__}: {e})")
+        return None, None
+
+
+def _measured(step: Step, prefix: str, seconds: float, result: Any, prediction: Prediction | None,
+              prices: PriceTable | None, log: Any) -> tuple[dict[str, Any] | None, Sample | None]:
+    try:
+        return measured_after_run(step, prefix, seconds, result, prediction, prices)
+    except Exception as e:
+        log.warning(f"{step.name}: predicted and actual not compared ({type(e).__name__}: {e})")
+        return None, None
+
+
+def _keep_sample(prefix: str, sample: Sample | None, log: Any) -> None:
+    """Keep the run's throughput for later predictions (`core/throughput.py`); a failure only loses the sample."""
+    if sample is None:
+        return
+    try:
+        write_sample(prefix, sample)
+    except Exception as e:
+        log.warning(f"{sample.step}: throughput sample not kept ({type(e).__name__}: {e})")
 
 
 def wait_for_dependencies(step: Step, prefix: str, settings: LeaseSettings, log: Any) -> None:

@@ -71,6 +71,10 @@ class ArtifactRecord:
     startup_s: float = 0.0
     """Wall seconds spent making a place for the function to run before it started (starting or
     joining Ray), not counted in `duration_s`; 0 when none was needed (Ray was up, or a light step)."""
+    prediction: dict[str, Any] | None = None
+    """What was predicted before the function ran (work, wall time, device-hours, cost and their basis) beside
+    what it measured, and the relative errors (`core/pricing.py`: `predicted_vs_actual`); None in records made
+    before predictions were recorded, or when no prediction could be made."""
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)

@@ -12,11 +12,14 @@ import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from marin_assets.core.checks import Check
 from marin_assets.core.identity import UnhashableAttrError, identity_hash
 from marin_assets.core.paths import join_path, storage_prefix
+
+if TYPE_CHECKING:
+    from marin_assets.core.estimate import EstimateInputs, WorkEstimate
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
@@ -130,6 +133,9 @@ class Step:
     """Technologies it uses beyond `kind` (`levanter`, `huggingface`): more kind tags in the UI."""
     checks: Sequence[Check] = ()
     """Verifications of the output run with every materialization (asset checks in Dagster)."""
+    estimate: Callable[[EstimateInputs], WorkEstimate] | None = field(default=None, repr=False)
+    """Its work before it runs — FLOPs, tokens, bytes read (`core/estimate.py`) — which `marin-assets plan`
+    prices on its resources; given its own result, the work it did. None: no work model. Not identity."""
 
     def __post_init__(self) -> None:
         validate_name(self.name)
@@ -137,6 +143,8 @@ class Step:
             raise StepDefinitionError(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
         if self.override_output_path is not None:
             validate_override(self.name, self.override_output_path)
+        if self.estimate is not None and not callable(self.estimate):
+            raise StepDefinitionError(f"step {self.name!r}: estimate must be callable or None")
         if self.source_version is not None and not callable(self.source_version):
             raise StepDefinitionError(f"step {self.name!r}: source_version must be callable or None")
         deps = tuple(self.deps)
@@ -192,7 +200,7 @@ class Step:
 
         A worker runs one step's `fn` (sent on its own); the steps that function reads are
         needed only for their paths and typed fields. So a pickled step keeps every field but
-        `fn`, `checks` and `source_version`, and the graph under it is sent as one flat list
+        `fn`, `checks`, `source_version` and `estimate`, and the graph under it is sent as one flat list
         (`_flatten`): a chain thousands of steps deep pickles without deep recursion.
         """
         return (_rebuild, (_flatten(self),))
@@ -248,7 +256,7 @@ def walk(steps: Sequence[Step]) -> list[Step]:
 
 # --- pickling as a reference (Step.__reduce__) ------------------------------------------------
 
-_NOT_SENT = ("fn", "checks", "source_version")
+_NOT_SENT = ("fn", "checks", "source_version", "estimate")
 
 
 @dataclass(frozen=True)
@@ -318,6 +326,7 @@ def _rebuild(records: list[tuple[type[Step], dict[str, Any], str]]) -> Step:
         object.__setattr__(step, "fn", _not_here)
         object.__setattr__(step, "checks", ())
         object.__setattr__(step, "source_version", None)
+        object.__setattr__(step, "estimate", None)
         object.__setattr__(step, "_hash", digest)
         built.append(step)
     return built[-1]

@@ -27,6 +27,7 @@ from marin_assets.core.materialize import StepOutcome, materialize_step
 from marin_assets.core.paths import default_prefix, using_prefix
 from marin_assets.core.step import Step, StepDefinitionError, made_by, walk
 from marin_assets.core.versions import data_version
+from marin_assets.dagster.budget import check_run_budget
 from marin_assets.dagster.drift import Drift
 from marin_assets.dagster.metadata import metadata_or_error, outcome_metadata, safe_metadata
 from marin_assets.dagster.naming import asset_key, check_unique_names, group_name, input_name, op_name
@@ -110,6 +111,7 @@ def _materialize(step: Step, context: dg.AssetExecutionContext,
     """The body of every step asset: the protocol with the run's storage and Ray, then what the UI shows."""
     storage = getattr(context.resources, STORAGE_KEY)
     prefix, settings = storage_settings(storage)
+    check_run_budget(context, prefix, settings)  # tags marin/max-device-hours, marin/max-cost: before any work
     runner = ray_runner(getattr(context.resources, RAY_KEY), context.log)
     outcome = materialize_step(
         step, prefix=prefix, settings=settings, run_id=context.run.run_id,

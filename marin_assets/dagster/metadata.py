@@ -75,8 +75,27 @@ def outcome_metadata(outcome: StepOutcome) -> dict[str, Any]:
         metadata["waited_s"] = round(outcome.waited_s, 3)
     if outcome.took_over:
         metadata["took_over"] = outcome.took_over
+    if record.prediction:
+        metadata.update(prediction_metadata(record.prediction))
     metadata.update(result_metadata(record.result))
     return metadata
+
+
+def prediction_metadata(compared: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's predicted-vs-actual (`core/pricing.py`): predicted seconds, the error in words, and the whole
+    comparison as JSON, so a prediction can be trusted or corrected where its result is seen."""
+    predicted, actual = compared.get("predicted") or {}, compared.get("actual") or {}
+    error = compared.get("error") or {}
+    wall, took, off = predicted.get("wall_s"), actual.get("wall_s"), error.get("wall_s")
+    words = (f"{off:+.0%} wall time: predicted {wall:.3g} s, took {took:.3g} s ({predicted.get('basis')})"
+             if off is not None else f"no wall-time prediction ({predicted.get('how', 'unknown')})")
+    shown: dict[str, Any] = {"prediction_error": words, "prediction_basis": str(predicted.get("basis"))}
+    if wall is not None:
+        shown["predicted_compute_s"] = round(float(wall), 3)
+    if off is not None:
+        shown["prediction_error_wall"] = round(float(off), 4)
+    shown["predicted_vs_actual"] = dg.MetadataValue.json(dict(compared))
+    return shown
 
 
 def metadata_or_error(label: str, make: Callable[[], Mapping[str, Any]]) -> dict[str, Any]:

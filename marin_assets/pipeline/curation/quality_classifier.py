@@ -25,6 +25,7 @@ import xxhash
 from fsspec.implementations.local import LocalFileSystem
 
 from marin_assets.core.checks import Check, CheckOutcome
+from marin_assets.core.estimate import bytes_read_estimate
 from marin_assets.core.paths import join_path
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.curation.shards import CurationError, list_shards, read_shard
@@ -240,4 +241,5 @@ def quality_classifier_step(name: str, positives: Step, negatives: Step, validat
                             "format": FORMAT},
                 resources=Resources(cpu=1), kind="train", kinds=["fasttext"],
                 description=made_by(train_quality_classifier),
-                checks=[validation_accuracy_at_least(min_validation_accuracy)])
+                checks=[validation_accuracy_at_least(min_validation_accuracy)],
+                estimate=bytes_read_estimate("fasttext", lambda: [positives, negatives]))

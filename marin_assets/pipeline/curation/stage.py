@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self, TypeVar
 
 from marin_assets.core.checks import Check, CheckOutcome
+from marin_assets.core.estimate import bytes_read_estimate
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.step import Resources, Step
 from marin_assets.execution.fanout import fan_out
@@ -173,4 +174,5 @@ def curation_step(name: str, stage: str, fn: Callable[[str], Any], dataset: Step
     return Step(name=name, fn=fn, deps=[dataset, *more_deps],
                 hash_attrs={"stage": stage, **hash_attrs, "format": FORMAT}, resources=Resources(cpu=cpu),
                 kind="curate", kinds=list(kinds), description=description,
-                checks=[removed_fraction_within(max_removed_fraction)])
+                checks=[removed_fraction_within(max_removed_fraction)],
+                estimate=bytes_read_estimate(f"curate/{stage}", lambda: [dataset]))

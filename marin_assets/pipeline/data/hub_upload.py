@@ -31,6 +31,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from marin_assets.core.checks import Check, CheckOutcome
+from marin_assets.core.estimate import bytes_read_estimate
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 
 logger = logging.getLogger(__name__)
@@ -293,6 +294,7 @@ def hub_upload_step(name: str, source: Step, repo_id: str, branch: str = "main",
         description=made_by(upload_to_hub),
         kinds=["huggingface"],
         checks=[BRANCH_HOLDS_FILES],
+        estimate=bytes_read_estimate("upload", lambda: [source]),
     )
 
 

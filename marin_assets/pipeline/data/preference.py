@@ -29,6 +29,7 @@ from typing import Any
 import fsspec
 
 from marin_assets.core.checks import Check, CheckOutcome
+from marin_assets.core.estimate import bytes_read_estimate
 from marin_assets.core.files import atomic_write, open_file, read_bytes
 from marin_assets.core.paths import join_path
 from marin_assets.core.results import from_jsonable, to_jsonable
@@ -379,6 +380,7 @@ def preference_data_step(name: str, dataset: Step, splits: Splits = None, config
         kind="transform",
         description=made_by(preference_data),
         checks=[PREFERENCE_SPLITS],
+        estimate=bytes_read_estimate("preference-data", lambda: [dataset]),
     )
 
 

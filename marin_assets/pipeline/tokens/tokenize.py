@@ -39,6 +39,7 @@ from marin_assets.pipeline.data.text_files import DatasetError, expand_files, fi
 from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
 from marin_assets.pipeline.tokens.cache_writer import finished_counts, tokenize_split
 from marin_assets.pipeline.tokens.encoders import BACKENDS, FRAMINGS, Framing, choose_backend, encoder, hf_tokenizer
+from marin_assets.pipeline.tokens.estimates import tokenize_estimate
 from marin_assets.pipeline.tokens.tokenizer import largest_token_id
 
 FINGERPRINT_FILE = "tokenizer_fingerprint.json"
@@ -292,5 +293,6 @@ def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, l
         description=made_by(tokenize),
         kinds=["levanter"],
         checks=[CACHE_NOT_EMPTY, tokenizer_matches(tokenizer)],
+        estimate=tokenize_estimate(dataset),
         tokenizer=tokenizer,
     )

@@ -26,6 +26,7 @@ from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep
 from marin_assets.pipeline.tokens.tokenizer import largest_token_id, load_hf_tokenizer
 from marin_assets.pipeline.training.dpo_metrics import DpoMetrics, dpo_metrics
+from marin_assets.pipeline.training.estimates import training_estimate
 from marin_assets.pipeline.training.pretrain import TrainDataError
 from marin_assets.pipeline.training.reference_logprobs import (
     ReferenceLogprobs,
@@ -231,6 +232,7 @@ def dpo_step(name: str, prefs: Step, init_from: InitFrom, beta: float = DEFAULT_
         description=made_by(dpo_train),
         kinds=["levanter", "jax", "dpo"],
         checks=[LOSS_FELL, PREFERENCE_LEARNED],
+        estimate=training_estimate(model, trainer, (prefs,), init_from, group="dpo", sequences_per_example=2),
         model=model,
         data=(prefs,),
         init_from=init_from,

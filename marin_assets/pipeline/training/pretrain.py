@@ -21,6 +21,7 @@ from marin_assets.core.identity import canonical
 from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep, tokenizer_fingerprint
+from marin_assets.pipeline.training.estimates import training_estimate
 from marin_assets.pipeline.training.run import LOSS_FELL, TrainResult, TrainStep
 from marin_assets.pipeline.training.runner import RunPlaces, platform_for, run_training
 from marin_assets.pipeline.training.sources import (
@@ -294,6 +295,7 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
         description=made_by(train_lm),
         kinds=["levanter", "jax"],
         checks=[LOSS_FELL],
+        estimate=training_estimate(model, trainer, [components[k] for k in names], init_from),
         model=model,
         data=tuple(components[k] for k in names),
         init_from=init_from,
