@@ -11,12 +11,10 @@ from marin_assets.dagster.checkpoint_evals import checkpoint_evals_asset, checkp
 from marin_assets.dagster.conditions import automate, automation_sensor, identity_changed
 from marin_assets.dagster.definitions import build_definitions, steps_of
 from marin_assets.dagster.experiments import experiment_definitions
-from marin_assets.dagster.freshness import CHECKPOINT_EVALS_FRESHNESS, FOLLOWED_SOURCE_FRESHNESS
 from marin_assets.dagster.schedules import unsynced_keys, unsynced_schedule
 from marin_assets.dagster.source_sensor import source_sensor, watched_sources
 
 __all__ = [
-    "CHECKPOINT_EVALS_FRESHNESS", "FOLLOWED_SOURCE_FRESHNESS",
     "FORCE_TAG", "Partitioned", "automate", "automation_sensor", "build_assets", "build_definitions",
     "checkpoint_evals_asset", "checkpoint_sensor", "experiment_definitions", "identity_changed", "source_sensor",
     "step_asset", "steps_of", "unsynced_keys", "unsynced_schedule", "watched_sources",
