@@ -19,13 +19,15 @@ from marin_assets.experiments import (
     hello_world,
     overlap_demo,
     python_docs,
+    rl_arithmetic,
     scaling_ladder,
     sft_chat,
 )
 from resources import RayResource, StorageResource
 
 EXPERIMENTS = [hello_world.experiment, python_docs.experiment, downstream_eval.experiment, sft_chat.experiment,
-               dpo_chat.experiment, overlap_demo.experiment, scaling_ladder.experiment, *yaml_experiments()]
+               dpo_chat.experiment, rl_arithmetic.experiment, overlap_demo.experiment, scaling_ladder.experiment,
+               *yaml_experiments()]
 steps = [s for e in EXPERIMENTS for s in e.steps]
 per_checkpoint = [f for e in EXPERIMENTS for f in e.per_checkpoint]
 

@@ -12,14 +12,24 @@ import pytest
 from marin_assets.core.paths import using_prefix
 from marin_assets.core.record import load_result
 from marin_assets.pipeline.training.checkpoints import checkpoint_steps, run_dir_of
+from marin_assets.pipeline.training.rl import RlSpec, rl_step
+from marin_assets.pipeline.training.rl_envs import SequentialDigits
 from marin_assets.pipeline.training.run import TrainResult, TrainStep
 from marin_assets.pipeline.training.runner import ATTEMPTS_FILE, METRICS_FILE, run_training
 from marin_assets.pipeline.training.sft import SftTraining
-from marin_assets.pipeline.training.sources import TrainSourceError
+from marin_assets.pipeline.training.sources import TrainSourceError, from_checkpoint
+from marin_assets.pipeline.training.specs import TrainerSpec
 from tests.support.dpo import DpoSteps
 from tests.test_sft import Pipeline
 
-METHODS = {"train_lm": lambda p: p.base, "sft": lambda p: p.sft, "dpo": lambda p: DpoSteps(p, p.base_export).dpo}
+METHODS = {
+    "train_lm": lambda p: p.base, "sft": lambda p: p.sft, "dpo": lambda p: DpoSteps(p, p.base_export).dpo,
+    "rl": lambda p: rl_step("checkpoints/rl", from_checkpoint(p.sft),
+                            SequentialDigits(length=1, min_prompt=1, max_prompt=8),
+                            RlSpec(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=4, held_out_problems=4,
+                                   eval_every=2),
+                            trainer=TrainerSpec(num_train_steps=4, checkpoint_every=50)),
+}
 """Method name (as the record says it) → the pipeline's step trained with it."""
 
 

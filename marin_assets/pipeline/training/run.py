@@ -18,6 +18,7 @@ from marin_assets.pipeline.tokens.tokenize import TokenizedCache
 from marin_assets.pipeline.training.checkpoints import run_dir_of
 from marin_assets.pipeline.training.cost import RunCost
 from marin_assets.pipeline.training.dpo_metrics import DpoMetrics
+from marin_assets.pipeline.training.rl_metrics import RlMetrics
 from marin_assets.pipeline.training.specs import (
     ModelSpec,
 )
@@ -78,6 +79,9 @@ class TrainResult:
     dpo: DpoMetrics | None = None
     """A DPO run's preference accuracy, rewards and margins, on training batches and held-out pairs (curves and
     final values); None for other methods."""
+    rl: RlMetrics | None = None
+    """An RL run's reward, held-out pass rate, KL and completion length per step, and completions with their rewards;
+    None for other methods."""
 
     def model_and_tokenizer(self) -> tuple[ModelSpec, str]:
         """The model spec and tokenizer folder, or an error saying the record predates them."""
