@@ -111,7 +111,7 @@ def runs_of_sensor(instance: dg.DagsterInstance) -> list:
     return list(instance.get_runs(filters=dg.RunsFilter(tags={"dagster/sensor_name": auto.sensor.name})))
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 1.0):
+def wait_for(condition, timeout: float, what: str, interval: float = 0.25):
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = condition()
@@ -128,7 +128,7 @@ def test_under_the_daemon_every_checkpoint_is_evaluated_once_across_a_restart(da
     (home / "dagster.yaml").write_text(
         "telemetry:\n  enabled: false\n"
         "run_coordinator:\n  module: dagster.core.run_coordinator\n  class: QueuedRunCoordinator\n"
-        "  config:\n    max_concurrent_runs: 2\n")
+        "  config:\n    max_concurrent_runs: 2\n    dequeue_interval_seconds: 1\n")  # Dagster's default: 5 s
     workspace = tmp_path / "workspace.yaml"
     module = ROOT / "tests" / "support" / "automation_pipeline.py"
     workspace.write_text(f"load_from:\n  - python_file:\n      relative_path: {module}\n"
