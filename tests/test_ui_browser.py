@@ -140,7 +140,11 @@ def ui_server(tmp_path_factory):
     subprocess.run(["make", "-s", f"DAGSTER_HOME={home}", f"{home}/dagster.yaml"], cwd=ROOT, check=True)  # as make demo
     settings = tmp / "settings.json"
     settings.write_text(json.dumps({"title": "Hello"}))
-    env = subprocess_env(DAGSTER_HOME=str(home), MARIN_PREFIX=str(tmp / "outputs"), MARIN_UI_SETTINGS=str(settings))
+    followed = tmp / "followed"  # a source the source sensor follows: its asset has a freshness policy
+    followed.mkdir()
+    (followed / "json.txt").write_text(json.__doc__)  # real text: the standard library's json docstring
+    env = subprocess_env(DAGSTER_HOME=str(home), MARIN_PREFIX=str(tmp / "outputs"), MARIN_UI_SETTINGS=str(settings),
+                         MARIN_UI_FOLLOWED=str(followed))
     first = materialize(env, ui.SELECTION)
     assert first.returncode == 0, first.stderr[-3000:]
     evals = tick(env)  # what make demo does next: every checkpoint's evaluation partition
@@ -337,6 +341,54 @@ def test_a_cache_built_with_another_tokenizer_fails_its_check(ui_server, tokeniz
     page.get_by_text("Failed", exact=True).first.wait_for()
     page.wait_for_load_state("networkidle")
     ui_server.shot("failed-check.png")
+
+
+FRESHNESS_AND_CHECKS = """
+query Node($assetKey: AssetKeyInput!) {
+  assetNodeOrError(assetKey: $assetKey) {
+    ... on AssetNode {
+      internalFreshnessPolicy { ... on TimeWindowFreshnessPolicy { failWindowSeconds warnWindowSeconds } }
+      freshnessStatusInfo { freshnessStatus }
+      assetChecksOrError { ... on AssetChecks { checks {
+        name partitionDefinition { description }
+        partitionStatuses { ... on AssetCheckDefaultPartitionStatuses { succeededPartitions failedPartitions } }
+      } } }
+    }
+  }
+}"""
+
+
+def test_a_followed_source_shows_its_freshness_and_each_checkpoint_its_own_check(ui_server):
+    """Freshness where time means something (a source the source sensor follows: Dagster's freshness daemon,
+    part of `dagster dev`, passes it once evaluated) and the per-checkpoint evaluation's check partitioned like
+    the asset: each checkpoint's result on its own partition, shown on the Checks tab."""
+    source = ui_server.graphql(FRESHNESS_AND_CHECKS, assetKey={"path": ["raw", "ui-followed-docs"]})["assetNodeOrError"]
+    assert source["internalFreshnessPolicy"] == {"failWindowSeconds": 7 * 86400, "warnWindowSeconds": 86400}
+    page = ui_server.page
+    page.goto(f"{ui_server.base}/assets/raw/ui-followed-docs")
+    page.get_by_text("Freshness policy").first.wait_for()
+    page.get_by_text("Fails if more than 7 days since last materialization").first.wait_for()
+    deadline = time.time() + 180  # the daemon evaluates every 30 s: a bound against a hang, not a timing assertion
+    while (ui_server.graphql(FRESHNESS_AND_CHECKS, assetKey={"path": ["raw", "ui-followed-docs"]})
+           ["assetNodeOrError"]["freshnessStatusInfo"]["freshnessStatus"] != "HEALTHY"):
+        assert time.time() < deadline, "the freshness daemon never evaluated the followed source"
+        time.sleep(2)
+    page.reload()
+    page.get_by_text("Passing", exact=True).first.wait_for()
+    ui_server.shot("freshness.png")
+
+    family = ui.per_checkpoint[0]
+    node = ui_server.graphql(FRESHNESS_AND_CHECKS, assetKey={"path": family.name.split("/")})["assetNodeOrError"]
+    assert node["internalFreshnessPolicy"] is None  # its training had finished when the definitions loaded
+    [check] = node["assetChecksOrError"]["checks"]
+    assert "Dynamic partitions" in check["partitionDefinition"]["description"]
+    statuses = check["partitionStatuses"]
+    assert sorted(statuses["succeededPartitions"], key=int) == ["5", "10", "11"] and statuses["failedPartitions"] == []
+    page.goto(f"{ui_server.base}/assets/{family.name}?view=checks")
+    page.get_by_text(check["name"]).first.wait_for()
+    page.get_by_text("Passed", exact=True).first.wait_for()  # the per-partition statuses: asserted above
+    page.get_by_text("Partition", exact=True).first.wait_for()  # the latest execution names its checkpoint
+    ui_server.shot("partitioned-checks.png")
 
 
 def test_the_summary_page_shows_its_table_and_plots(ui_server):
