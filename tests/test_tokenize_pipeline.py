@@ -6,6 +6,7 @@ in Python, written by Levanter's own `TreeStore`), with batches, writes and comm
 file spans many of each."""
 
 import json
+import os
 import sysconfig
 from pathlib import Path
 
@@ -208,3 +209,87 @@ def test_a_failure_in_the_writer_or_the_tokenizer_is_raised_not_hung(dataset, cl
         cache_writer.tokenize_files(sorted(str(p) for p in (Path(dataset) / "train").iterdir()),
                                     str(tmp_path / "c"), cl100k["fastokens"], backend="fastokens")
     assert not lc.load_ledger(str(tmp_path / "c")).is_finished
+
+
+def test_a_split_is_written_in_few_appends_across_file_ends(dataset, cl100k, tmp_path, monkeypatch):
+    # every append rewrites the arrays' shard file: three files' rows go in one append and one last commit
+    appends, commits = [], []
+    real_extend, real_commit = cache_writer._extend, cache_writer._commit
+    monkeypatch.setattr(cache_writer, "_extend", lambda *a, **k: appends.append(1) or real_extend(*a, **k))
+    monkeypatch.setattr(cache_writer, "_commit", lambda *a, **k: commits.append(a[5]) or real_commit(*a, **k))
+    files = sorted(str(p) for p in (Path(dataset) / "train").iterdir())
+    tok, cache = cl100k["fastokens"], str(tmp_path / "c")
+    counts = cache_writer.tokenize_files(files, cache, tok, backend="fastokens")
+    assert len(appends) == 1 and commits == [False, True]  # the first (empty) ledger, then the finished one
+    by_file = reference_rows(tok, dataset, "train")
+    rows = [r for file_rows in by_file.values() for r in file_rows]
+    assert counts == (len(rows), sum(map(len, rows)), 2)
+    want = levanter_written(rows, str(tmp_path / "levanter"))
+    assert all(np.array_equal(a, b) for a, b in zip(store_arrays(cache), want, strict=True))
+    ledger = lc.load_ledger(cache)
+    assert ledger.finished_shards == list(ledger.shard_rows) == ["00000-a_jsonl", "00001-b_jsonl", "00002-c_jsonl"]
+    assert list(ledger.shard_rows.values()) == [len(r) for r in by_file.values()]
+
+
+def test_appends_grow_with_the_shard_file_they_rewrite():
+    sizes = [cache_writer.write_threshold(n) for n in range(0, cache_writer.SHARD_TOKENS, 1 << 20)]
+    assert sizes[0] == cache_writer.WRITE_TOKENS and sizes[-1] == cache_writer.MAX_WRITE_TOKENS
+    assert sizes == sorted(sizes)  # the fuller the file, the larger the append, up to the cap
+    assert cache_writer.write_threshold(cache_writer.SHARD_TOKENS) == cache_writer.WRITE_TOKENS  # a new file
+
+
+def test_the_parity_sample_reads_only_what_it_takes(tmp_path, monkeypatch):
+    from marin_assets.pipeline.tokens import tokenize as tokenize_module
+
+    long_docs, short_docs = tmp_path / "long.jsonl", tmp_path / "short.jsonl"
+    texts = stdlib_documents()[:12]
+    long_docs.write_text("".join(json.dumps({"text": t * 40}) + "\n" for t in texts * 8))  # ≥ 40 KB each
+    short_docs.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(200)))
+    parsed = []
+    real = tokenize_module.iter_text_batches
+
+    def counting(*args, **kwargs):
+        for texts in real(*args, **kwargs):
+            parsed.append(len(texts))
+            yield texts
+
+    monkeypatch.setattr(tokenize_module, "iter_text_batches", counting)
+    sample = tokenize_module._parity_sample([str(long_docs), str(short_docs)], "text", "auto")
+    limit = tokenize_module.SAMPLE_CHARACTERS
+    assert sample[0] == (texts[0] * 40)[:limit]  # one long document fills the first file's share
+    assert sample[1:] == [f"doc {i}" for i in range(tokenize_module.SAMPLE_DOCUMENTS)]  # short ones: the first 64
+    assert parsed[0] <= 8 and sum(parsed) <= 8 + tokenize_module.SAMPLE_DOCUMENTS  # no file parsed past its share
+
+
+def test_a_fingerprint_is_hashed_once_per_version_of_the_file(tmp_path, monkeypatch):
+    from marin_assets.pipeline.tokens import tokenize as tokenize_module
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"vocab": {"a": 0}}}')
+    os.utime(folder / "tokenizer.json", (1.7e9, 1.7e9))  # written long ago (a file written just now is not kept)
+    reads, real = [], tokenize_module.read_bytes
+    monkeypatch.setattr(tokenize_module, "read_bytes", lambda url: reads.append(url) or real(url))
+    first = [tokenize_module.tokenizer_fingerprint(str(folder)) for _ in range(3)]
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"vocab": {"b": 0}}}')  # same size, inode
+    second = [tokenize_module.tokenizer_fingerprint(str(folder)) for _ in range(2)]
+    assert len(set(first)) == 1 and len(reads) == 1 + 2  # kept; the rewritten file is hashed while it is new
+    assert second[0] == second[1] != first[0]
+    assert second[0] == tokenize_module.hashlib.sha256((folder / "tokenizer.json").read_bytes()).hexdigest()[:16]
+
+
+def test_splits_tokenized_together_keep_their_own_failures(dataset, cl100k, tmp_path):
+    raw = tmp_path / "raw"
+    for split in ("train", "validation"):
+        (raw / split).mkdir(parents=True)
+        for file in (Path(dataset) / split).iterdir():
+            (raw / split / file.name).write_text(file.read_text())
+    lines = (raw / "train" / "b.jsonl").read_text().splitlines(keepends=True)
+    (raw / "train" / "d.jsonl").write_text((raw / "train" / "a.jsonl").read_text())
+    # the fifth file: past the parity sample (the first four files), so the split's own reading meets it
+    (raw / "train" / "e.jsonl").write_text(lines[0] + "{not json\n" + "".join(lines[1:]))
+    with pytest.raises(DatasetError, match=r"train/e\.jsonl, line 2: malformed JSON"):
+        tokenize(str(tmp_path / "c"), str(raw), cl100k["fastokens"])
+    assert not lc.load_ledger(str(tmp_path / "c" / "train")).is_finished
+    validation = lc.load_ledger(str(tmp_path / "c" / "validation"))  # tokenized beside it, and finished
+    assert validation.is_finished and validation.total_num_rows == 2

@@ -242,7 +242,8 @@ def files_tokenized(calls: list[tuple[str, str, int]]):
 
     def observed(*args, **kwargs):
         bound = signature.bind(*args, **kwargs).arguments
-        calls.append((bound["store"].path.rstrip("/").rsplit("/", 1)[-1], bound["shard"], bound["skip"]))
+        pipeline = bound["pipeline"]
+        calls.append((pipeline.cache_dir.rstrip("/").rsplit("/", 1)[-1], bound["shard"], pipeline.skips[bound["file"]]))
         return original(*args, **kwargs)
 
     cache_writer._append_file = observed  # noqa: SLF001

@@ -6,7 +6,8 @@ A cache's ledger (`shard_ledger.json`) records each file's committed rows, so a 
 one commit and a re-run continues where it stopped: finished files are skipped, the file being
 written continues after its committed documents. Reading and decompressing (a thread), tokenizing
 (Rust, off the GIL) and framing and writing (a thread) overlap, as one pipeline across a cache's files: no stage
-waits for another at a file's end, and the writer appends as tokens come, not once per commit.
+waits for another at a file's end. The writer appends in few large writes, each committed with the files that
+ended before it: every append rewrites the arrays' current shard file, whatever its size.
 
 Empty documents — no text, or only whitespace — are dropped in every format (`text-lines` and JSON
 lines never had blank *lines* as documents; a blank `text-file` file is one dropped document): their
@@ -21,7 +22,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from marin_assets.core.paths import join_path
@@ -33,9 +34,20 @@ from marin_assets.pipeline.tokens.encoders import encoder
 
 BATCH_CHARACTERS = 1 << 20
 """Texts are encoded in batches of about this many characters (fastokens needs large batches)."""
-WRITE_TOKENS = 1 << 20
-"""The writer appends to the arrays once this many tokens are waiting (and at every commit): each append has a
-fixed cost (it reads the arrays' sizes and writes the row count), so a few large ones beat many small ones."""
+WRITE_TOKENS = 1 << 21
+"""The writer appends to the arrays once at least this many tokens are waiting (`write_threshold`), across file
+ends: each append costs ~20 ms of CPU whatever its size (it recompresses the offsets' first chunk twice and the
+tokens' last one, and reads the arrays' sizes) — with 1 M-token appends and one per file, the writer took a
+third as much CPU as fastokens itself on real text."""
+MAX_WRITE_TOKENS = 1 << 23
+"""The most tokens the writer gathers (32 MB of ids) however full the shard file it appends to."""
+SHARD_TOKENS = 1 << 27
+"""Tokens per shard file of a cache's token array (Levanter's `DEFAULT_WRITE_CHUNK_SIZE`, 256 Ki × 512): an
+append rewrites the whole current file, so its cost grows with how full that file is."""
+TOKENIZED_AHEAD = 16
+"""fastokens batches (~4 M tokens in compact buffers) that may wait for the writer: enough that the tokenizer runs
+on while one of its appends (a rewrite of the shard file, with fsync) is under way. `tokenizers`' encodings
+hold ~80 bytes per token (strings, offsets, masks): four of those batches at most."""
 EMPTY_DROPPED = "empty_documents_dropped"
 """The ledger's `field_counts` key prefix (`empty_documents_dropped/<shard>`) and the record's field name."""
 TOKENS_FIELD = "input_ids"
@@ -119,6 +131,11 @@ def finished_counts(cache_dir: str, tokenizer_path: str) -> CacheCounts | None:
     ledger = lc.load_ledger(cache_dir)
     if ledger is None or not ledger.is_finished:
         return None
+    return _finished(cache_dir, ledger, tokenizer_path)
+
+
+def _finished(cache_dir: str, ledger: Any, tokenizer_path: str) -> CacheCounts:
+    """Counts of a cache with a finished `ledger`."""
     cache = lc.load_cache(cache_dir, text_processor(tokenizer_path).output_exemplar)
     return CacheCounts(ledger.total_num_rows, cache.flat_field_length(TOKENS_FIELD),
                        sum(_dropped_in(ledger.field_counts).values()))
@@ -126,56 +143,72 @@ def finished_counts(cache_dir: str, tokenizer_path: str) -> CacheCounts | None:
 
 def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, text_field: str = "text",
                    rows_per_commit: int = 8192, text_format: str = "auto", framing: str = "bos_eos",
-                   backend: str = "tokenizers", labels: Sequence[str] | None = None) -> CacheCounts:
+                   backend: str = "tokenizers", labels: Sequence[str] | None = None,
+                   handed_over: Callable[[], None] | None = None) -> CacheCounts:
     """Input files, in order, appended to one cache whose ledger records each file's committed rows (and
     empty documents dropped); resumes from its last commit (finished files are skipped, the current one
     continues). Returns the cache's counts.
 
     One pipeline runs across all the files: a reader thread reads and decompresses them in order (running
     ahead into the next file), this thread tokenizes (both Rust tokenizers release the GIL), and a writer
-    thread turns the tokenizer's output into framed ids, appends them to the arrays as they come and commits
-    the ledger every `rows_per_commit` documents and at the end of every file.
+    thread turns the tokenizer's output into framed ids and appends them to the arrays in few large writes
+    (`write_threshold`), committing the ledger with each write — at least every `rows_per_commit` documents; a
+    file's end is recorded with the next commit — and, if anything fails, once more for what was written.
+    `handed_over` is called once the writer has had every batch and starts its last append (or once anything
+    failed): another cache may start tokenizing then.
     """
-    finished_already = finished_counts(cache_dir, tokenizer_path)
-    if finished_already is not None:
-        return finished_already
-    processor = text_processor(tokenizer_path)
+    ledger = lc.load_ledger(cache_dir)
+    if ledger is not None and ledger.is_finished:
+        if handed_over is not None:
+            handed_over()
+        return _finished(cache_dir, ledger, tokenizer_path)
     metadata = _metadata(tokenizer_path)
     shards = [_shard_name(label, f) for label, f in zip(labels or [f"{i:05d}" for i in range(len(files))], files,
                                                          strict=True)]
-    ledger = lc.load_ledger(cache_dir)
-    if ledger is None:
-        ledger = _commit(cache_dir, 0, 0, {}, [], False, metadata)
-    store = lc.open_store(processor.output_exemplar, cache_dir, mode="a")
-    lc.drop_rows_after(store, ledger.total_num_rows)  # crashed after writing, before committing
-    shard_rows, finished = dict(ledger.shard_rows), list(ledger.finished_shards)
-    dropped = _dropped_in(ledger.field_counts)
-    done = {"rows": ledger.total_num_rows, "tokens": int(store.tree[TOKENS_FIELD].data_size)}
+    shard_rows = dict(ledger.shard_rows) if ledger is not None else {}
+    finished = list(ledger.finished_shards) if ledger is not None else []
+    dropped = _dropped_in(ledger.field_counts) if ledger is not None else {}
+    done = {"rows": ledger.total_num_rows if ledger is not None else 0, "tokens": 0}
     # The file being tokenized when a previous attempt stopped continues after what it read (kept and dropped).
     todo = [(file, shard, shard_rows.get(shard, 0) + dropped.get(shard, 0))
             for file, shard in zip(files, shards, strict=True) if shard not in finished]
+    arrays: dict[str, Any] = {}
 
-    before: dict[str, int] = {}  # rows of the cache before each file (set by the writer as it reaches the file)
+    def prepare() -> None:
+        """(On the writer thread, while the first batches are read and tokenized) the cache's first ledger if it
+        has none, and its arrays, cut to the committed rows."""
+        if ledger is None:
+            _commit(cache_dir, 0, 0, {}, [], False, metadata)
+        arrays["store"] = store = lc.open_store(text_processor(tokenizer_path).output_exemplar, cache_dir, mode="a")
+        lc.drop_rows_after(store, done["rows"])  # crashed after writing, before committing
+        done["tokens"] = int(store.tree[TOKENS_FIELD].data_size)
 
-    def commit(shard: str, file_done: bool = False) -> None:
-        """(On the writer thread) record what is written of `shard` — all of it with `file_done` — and commit."""
-        shard_rows[shard] = done["rows"] - before[shard]
-        if file_done:
-            finished.append(shard)
-        _commit(cache_dir, done["rows"], done["tokens"], shard_rows, finished, False, metadata, dropped)
+    def write(batch: Any, rows_of: dict[str, int], ended: list[str], commit: bool) -> None:
+        """(On the writer thread) append `batch` — `rows_of[shard]` rows of each shard, in order — after the
+        cache's rows, record them and the files `ended` with them, and commit (unless the caller will)."""
+        if batch is not None:
+            _extend(arrays["store"], batch, done, batch.num_rows)
+        for shard, rows in rows_of.items():
+            shard_rows[shard] = shard_rows.get(shard, 0) + rows
+        finished.extend(ended)
+        if commit:
+            _commit(cache_dir, done["rows"], done["tokens"], shard_rows, finished, False, metadata, dropped)
 
-    def begin(shard: str) -> None:
-        """(On the writer thread) before the first row of `shard` is written: rows of the cache before it."""
-        before.setdefault(shard, done["rows"] - shard_rows.get(shard, 0))
-
-    pipeline = _Pipeline(todo, store, encoder(tokenizer_path, framing, backend), lc.prepared_batch(), text_field,
-                         text_format, rows_per_commit, begin, commit, done, dropped)
+    pipeline = _Pipeline(cache_dir, todo, encoder(tokenizer_path, framing, backend), lc.prepared_batch(), text_field,
+                         text_format, rows_per_commit, prepare, write, done, dropped, handed_over or (lambda: None))
+    complete = False
     try:
-        for file, shard, skip in todo:
-            _append_file(file, shard, store, pipeline, skip)
+        for file, shard, _ in todo:
+            _append_file(file, shard, pipeline)
+        complete = True
     finally:
-        pipeline.close()
-    _commit(cache_dir, done["rows"], done["tokens"], shard_rows, finished, True, metadata, dropped)
+        pipeline.close()  # everything handed to the writer is written, unless the writer failed
+        if handed_over is not None:
+            handed_over()  # (again, after a failure)
+        if "write" not in pipeline.failure:  # the last commit: finished, or what was written before a failure
+            _commit(cache_dir, done["rows"], done["tokens"], shard_rows, finished,
+                    complete and not pipeline.failure, metadata, dropped)
+    pipeline.raise_failure()
     return CacheCounts(done["rows"], done["tokens"], sum(dropped.values()))
 
 
@@ -186,25 +219,36 @@ def _metadata(tokenizer_path: str) -> Any:
     return lc.cache_metadata(text_processor(tokenizer_path))
 
 
+def write_threshold(written: int) -> int:
+    """Tokens the writer gathers before it appends them to a cache holding `written` tokens: WRITE_TOKENS, or a
+    quarter of what the current shard file already holds, up to MAX_WRITE_TOKENS. Every append rewrites that
+    whole file (tensorstore's sharded zarr3), so appends of a fixed size would cost time quadratic in its size."""
+    return max(WRITE_TOKENS, min((written % SHARD_TOKENS) // 4, MAX_WRITE_TOKENS))
+
+
 _END = object()
 """The reader's mark after a file's last batch, and the main thread's to the writer."""
 
 
 class _Pipeline:
     """The reader and writer threads of one `tokenize_files` call, shared by its files (see there). Its state —
-    `done`, `dropped`, the ledger — is touched by the writer thread only, until `close` has joined it."""
+    the cache's counts, the ledger — is touched by the writer thread only, until `close` has joined it."""
 
-    def __init__(self, todo: Sequence[tuple[str, str, int]], store: Any, encoder: Any, prepared: Any, text_field: str,
-                 text_format: str, rows_per_commit: int, begin: Any, commit: Any, done: dict[str, int],
-                 dropped: dict[str, int]) -> None:
+    def __init__(self, cache_dir: str, todo: Sequence[tuple[str, str, int]], encoder: Any, prepared: Any,
+                 text_field: str, text_format: str, rows_per_commit: int, prepare: Any, write: Any,
+                 done: dict[str, int], dropped: dict[str, int], handed_over: Callable[[], None]) -> None:
+        self.cache_dir = cache_dir
+        self.skips = {file: skip for file, _, skip in todo}
+        """{file: documents its ledger already committed, which the reader skips}"""
         self.encoder, self.stopped = encoder, False
         self.failure: dict[str, BaseException] = {}
         self.batches: queue.Queue = queue.Queue(maxsize=4)
-        self.tokenized: queue.Queue = queue.Queue(maxsize=4)
+        compact = encoder.backend == "fastokens" and encoder.framing.style != "levanter"
+        self.tokenized: queue.Queue = queue.Queue(maxsize=TOKENIZED_AHEAD if compact else 4)
         self._reader = threading.Thread(target=self._read, args=(todo, text_field, text_format), daemon=True,
                                         name="tokenize reader")
-        self._writer = threading.Thread(target=self._write, args=(store, prepared, rows_per_commit, begin, commit,
-                                                                  done, dropped), daemon=True, name="tokenize writer")
+        self._writer = threading.Thread(target=self._write, daemon=True, name="tokenize writer",
+                                        args=(prepared, rows_per_commit, prepare, write, done, dropped, handed_over))
         self._reader.start()
         self._writer.start()
 
@@ -219,63 +263,67 @@ class _Pipeline:
         finally:
             self.batches.put(None)
 
-    def _write(self, store: Any, prepared: Any, rows_per_commit: int, begin: Any, commit: Any, done: dict[str, int],
-               dropped: dict[str, int]) -> None:
+    def _write(self, prepared: Any, rows_per_commit: int, prepare: Any, write: Any, done: dict[str, int],
+               dropped: dict[str, int], handed_over: Callable[[], None]) -> None:
+        """`prepare` the cache, then frame what the tokenizer made, gather it (rows per shard, files ended) and
+        hand it to `write` in few large appends, each committed; at the end, what remains is written and left for
+        `tokenize_files` to commit."""
         pending: list[Any] = []
-        rows = tokens = 0  # rows handed over since the last commit; tokens not yet written
-        ended = False
+        rows_of: dict[str, int] = {}  # rows of each shard in `pending` (and the shards seen since the last write)
+        ended: list[str] = []  # files whose last rows are in `pending` (or that had none)
+        rows = tokens = 0  # rows and tokens pending (`done`: what the cache holds, kept up to date by `write`)
+        finished = False
 
-        def write() -> None:
-            nonlocal pending, tokens
-            if pending:
-                batch = prepared.concat(pending) if len(pending) > 1 else pending[0]
-                _extend(store, batch, done, batch.num_rows)
-            pending, tokens = [], 0
+        def flush(commit: bool = True) -> None:
+            nonlocal pending, rows_of, ended, rows, tokens
+            batch = (prepared.concat(pending) if len(pending) > 1 else pending[0]) if pending else None
+            if batch is not None or rows_of or ended:
+                write(batch, rows_of, ended, commit)
+            pending, rows_of, ended, rows, tokens = [], {}, [], 0, 0
 
         try:
+            prepare()
             while (item := self.tokenized.get()) is not None:
                 shard, started, empties = item
-                begin(shard)
+                rows_of.setdefault(shard, 0)
                 if started is _END:
-                    write()
-                    commit(shard, file_done=True)
-                    rows = 0
+                    ended.append(shard)
                     continue
                 if started is not None:
                     pending.append(prepared(*self.encoder.assemble(started), None))
+                    rows_of[shard] += pending[-1].num_rows
                     rows += pending[-1].num_rows
                     tokens += len(pending[-1].data)
                 dropped[shard] = dropped.get(shard, 0) + empties
-                if rows >= rows_per_commit:
-                    write()
-                    commit(shard)
-                    rows = 0
-                elif tokens >= WRITE_TOKENS:
-                    write()
-            ended = True
+                if rows >= rows_per_commit or tokens >= write_threshold(done["tokens"]):
+                    flush()
+            finished = True
+            handed_over()
+            flush(commit=False)
         except BaseException as e:
             self.failure["write"] = e
-            while not ended and self.tokenized.get() is not None:  # keep the producer from blocking
+            while not finished and self.tokenized.get() is not None:  # keep the producer from blocking
                 pass
 
     def close(self) -> None:
-        """Wait for the writer (everything handed to it is written and committed) and stop the reader; raise what
-        failed."""
+        """Wait for the writer (everything handed to it is written) and stop the reader."""
         self.tokenized.put(None)
         self._writer.join()
         while self._reader.is_alive():  # drain so a failed tokenizer does not leave the reader blocked
             if self.batches.get() is None:
                 break
         self._reader.join()
+
+    def raise_failure(self) -> None:
+        """Raise what failed on the reader or writer thread, if anything did."""
         if self.failure:
             raise self.failure.get("read") or self.failure["write"]
 
 
-def _append_file(file: str, shard: str, store: Any, pipeline: _Pipeline, skip: int) -> None:
-    """Tokenize one file's documents after its first `skip` (what its ledger committed, kept and dropped), as
-    the pipeline's reader yields them, and hand them to its writer, which appends them to `store` and commits.
-    Returns once the file is handed over (the writer may still be writing it); `_Pipeline.close` waits."""
-    del file, store, skip  # the reader reads `file` after `skip`; the writer writes `store`
+def _append_file(file: str, shard: str, pipeline: _Pipeline) -> None:
+    """Tokenize one file's documents (those after what its ledger committed, kept and dropped), as the pipeline's
+    reader yields them (it reads `file`), and hand them to its writer. Returns once the file is handed over (the
+    writer may still be writing it); `_Pipeline.close` waits."""
     while not pipeline.stopped and (item := pipeline.batches.get()) is not _END:
         if item is None or "write" in pipeline.failure:  # the reader or the writer failed: `close` raises it
             pipeline.stopped = True

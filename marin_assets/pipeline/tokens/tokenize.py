@@ -24,12 +24,16 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import atomic_write, read_bytes
@@ -37,7 +41,7 @@ from marin_assets.core.paths import join_path
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.data.text_files import DatasetError, expand_files, find_splits, iter_text_batches
 from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
-from marin_assets.pipeline.tokens.cache_writer import finished_counts, tokenize_split
+from marin_assets.pipeline.tokens.cache_writer import CacheCounts, finished_counts, tokenize_files, tokenize_split
 from marin_assets.pipeline.tokens.encoders import BACKENDS, FRAMINGS, Framing, choose_backend, encoder, hf_tokenizer
 from marin_assets.pipeline.tokens.estimates import tokenize_estimate
 from marin_assets.pipeline.tokens.tokenizer import largest_token_id
@@ -49,6 +53,8 @@ SAMPLE_CHARACTERS = 1 << 15
 """Characters read from the start of each of the first few files to check backend parity: enough
 to meet the input's scripts, whitespace and special-token text, small enough to cost well under a
 second with the slower tokenizer."""
+SAMPLE_DOCUMENTS = 64
+"""At most this many documents from each of those files (a file of short documents: its first 64)."""
 
 
 class TokenizerMismatchError(ValueError):
@@ -99,11 +105,45 @@ class TokenizedCache:
 
 
 def tokenizer_fingerprint(tokenizer_path: str) -> str:
-    """sha256 of the tokenizer's definition (`tokenizer.json`): what identifies it, wherever it lives."""
-    raw = read_bytes(join_path(tokenizer_path, "tokenizer.json"))
+    """sha256 of the tokenizer's definition (`tokenizer.json`): what identifies it, wherever it lives. Kept per
+    file and version (`_file_version`): a step and its checks ask for it several times, and reading and hashing
+    a 100k vocabulary's definition costs about as much as tokenizing a megabyte."""
+    url = join_path(tokenizer_path, "tokenizer.json")
+    version = _file_version(url)
+    if version is not None and (url, version) in _FINGERPRINTS:
+        return _FINGERPRINTS[(url, version)]
+    raw = read_bytes(url)
     if raw is None:
         raise TokenizerMismatchError(f"no tokenizer.json in {tokenizer_path}")
-    return hashlib.sha256(raw).hexdigest()[:16]
+    fingerprint = hashlib.sha256(raw).hexdigest()[:16]
+    if version is not None and _file_version(url) == version:  # unchanged while it was read
+        if len(_FINGERPRINTS) >= 64:
+            _FINGERPRINTS.clear()
+        _FINGERPRINTS[(url, version)] = fingerprint
+    return fingerprint
+
+
+_FINGERPRINTS: dict[tuple[str, tuple], str] = {}
+"""{(tokenizer.json's URL, its version): fingerprint} of the files hashed in this process."""
+
+
+def _file_version(url: str) -> tuple | None:
+    """What changes whenever the file's content does — its size, inode and modification time (local) or the
+    store's ETag or modification time — or None: unknown, or a local file modified within the last seconds (a
+    rewrite within the same clock tick would keep its stamp, as git's "racy" entries), hashed every time."""
+    fs, path = fsspec.core.url_to_fs(url)
+    try:
+        if isinstance(fs, LocalFileSystem):
+            st = os.stat(path)
+            if time.time() - st.st_mtime < 2:
+                return None
+            return st.st_size, st.st_mtime_ns, st.st_ino
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    stamp = next((info[k] for k in ("ETag", "etag", "md5Hash", "crc32c", "mtime", "LastModified", "last_modified",
+                                    "updated") if info.get(k)), None)
+    return (info.get("size"), str(stamp)) if stamp is not None else None
 
 
 def check_tokenizer(output_path: str, tokenizer_path: str, fingerprint: str, framing: Framing | None = None) -> None:
@@ -133,18 +173,21 @@ def _vocab_size(tokenizer_path: str) -> int:
 
 
 def _parity_sample(files: Sequence[str], text_field: str, text_format: str) -> list[str]:
-    """The first documents (about SAMPLE_CHARACTERS of each) of the first few files: what the backend
-    parity check encodes both ways. A long document contributes its start."""
+    """The first documents (about SAMPLE_CHARACTERS, at most SAMPLE_DOCUMENTS, of each) of the first few files:
+    what the backend parity check encodes both ways. A long document contributes its start. Read a few
+    documents at a time, so that a file of long documents is parsed no further than the sample needs."""
     sample: list[str] = []
     for file in files[:4]:
-        size = 0
-        for texts in iter_text_batches(file, text_field=text_field, text_format=text_format, batch_size=64):
+        size = taken = 0
+        for texts in iter_text_batches(file, text_field=text_field, text_format=text_format, batch_size=8):
             for text in texts:
                 sample.append(text[:SAMPLE_CHARACTERS - size])
                 size += len(sample[-1])
-                if size >= SAMPLE_CHARACTERS:
+                taken += 1
+                if size >= SAMPLE_CHARACTERS or taken >= SAMPLE_DOCUMENTS:
                     break
-            break
+            if size >= SAMPLE_CHARACTERS or taken >= SAMPLE_DOCUMENTS:
+                break
     return sample
 
 
@@ -175,6 +218,29 @@ def splits_to_read(dataset_path: str, splits: dict[str, list[str]] | None, confi
     return dict(splits) if splits else dict(find_splits(dataset_path, config))
 
 
+def _each_split(files_of: dict[str, list[str]], counts: Callable[[str, list[str], Callable[[], None]], CacheCounts],
+                relay: bool) -> dict[str, CacheCounts]:
+    """{split: counts(split, files, handed_over)}, in order. With `relay`, a split starts as soon as the one before
+    it calls `handed_over` (its writer has every batch: its last append and commit, each with fsync, are left),
+    on a second thread: a split's fixed costs pass while another finishes. A failure is raised once every
+    split started has stopped, the first split's in order first."""
+    if not relay or len(files_of) < 2:
+        return {split: counts(split, files, lambda: None) for split, files in files_of.items()}
+    handed = [threading.Event() for _ in files_of]
+
+    def run(i: int, split: str, files: list[str]) -> CacheCounts:
+        try:
+            if i:
+                handed[i - 1].wait()
+            return counts(split, files, handed[i].set)
+        finally:
+            handed[i].set()
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize split") as pool:
+        futures = {split: pool.submit(run, i, split, files) for i, (split, files) in enumerate(files_of.items())}
+    return {split: future.result() for split, future in futures.items()}
+
+
 def tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
              splits: dict[str, list[str]] | None = None, text_field: str = "text",
              rows_per_commit: int = 8192, workers: int = 1, text_format: str = "auto",
@@ -196,12 +262,23 @@ def tokenize(output_path: str, dataset_path: str, tokenizer_path: str,
         else:
             choice = choose_backend(tokenizer_path, _parity_sample(all_files, text_field, text_format), backend)
             choice_backend, choice_reason = choice.backend, choice.reason
-        options = dict(tokenizer_path=tokenizer_path, text_field=text_field, rows_per_commit=rows_per_commit,
-                       text_format=text_format, framing=framing, backend=choice_backend)
+        options: dict[str, Any] = dict(tokenizer_path=tokenizer_path, text_field=text_field,
+                                       rows_per_commit=rows_per_commit, text_format=text_format, framing=framing,
+                                       backend=choice_backend)
         stats: dict[str, SplitStats] = {}
+
+        in_process = workers <= 1 and framing != "levanter"  # (Levanter's processor is not called from two threads)
+
+        def split_counts(split: str, files: list[str], handed_over: Callable[[], None]) -> CacheCounts:
+            cache_dir = join_path(output_path, split)
+            if in_process:
+                return tokenize_files(files, cache_dir, handed_over=handed_over, **options)
+            return finished_counts(cache_dir, tokenizer_path) or tokenize_split(
+                files, cache_dir, join_path(output_path, PARTS_DIR, split), workers, **options)
+
+        counted = _each_split(files_of, split_counts, relay=in_process)
         for split, files in files_of.items():
-            counts = finished_counts(join_path(output_path, split), tokenizer_path) or tokenize_split(
-                files, join_path(output_path, split), join_path(output_path, PARTS_DIR, split), workers, **options)
+            counts = counted[split]
             if counts.documents == 0:
                 dropped = counts.empty_documents_dropped
                 empties = f"; {dropped} empty documents dropped" if dropped else ""
