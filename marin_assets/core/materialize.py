@@ -22,14 +22,14 @@ from marin_assets.core.identity import canonical
 from marin_assets.core.lease import Cached, Lease, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.paths import normalize_prefix, storage_prefix, using_prefix
 from marin_assets.core.prices import PriceTable
-from marin_assets.core.pricing import Prediction, measured_after_run, predict_for_run
+from marin_assets.core.pricing import Prediction, keep_sample, measured_after_run, predict_for_run
 from marin_assets.core.provenance import current_provenance
 from marin_assets.core.record import ArtifactRecord, read_record, write_record
 from marin_assets.core.results import encode_result, type_name
 from marin_assets.core.status import LOCK_FILE, STATUS_FILE, Status, StatusRecord
 from marin_assets.core.step import Step
 from marin_assets.core.stores import read_status, status_store
-from marin_assets.core.throughput import Sample, write_sample
+from marin_assets.core.throughput import Sample
 from marin_assets.core.versions import content_version, current_input_versions
 
 logger = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ def _keep_sample(prefix: str, sample: Sample | None, log: Any) -> None:
     if sample is None:
         return
     try:
-        write_sample(prefix, sample)
+        keep_sample(prefix, sample)
     except Exception as e:
         log.warning(f"{sample.step}: throughput sample not kept ({type(e).__name__}: {e})")
 

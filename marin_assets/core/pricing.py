@@ -17,6 +17,8 @@ the price table's price of the device kind. Wall time is the function's own work
 from __future__ import annotations
 
 import statistics
+import threading
+import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,7 +28,7 @@ from marin_assets.core.estimate import BYTES, EstimateInputs, WorkEstimate
 from marin_assets.core.prices import Devices, PriceTable, devices_of
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.core.step import Step, walk
-from marin_assets.core.throughput import MAX_SAMPLES, History, Sample, fit
+from marin_assets.core.throughput import MAX_SAMPLES, History, Sample, fit, write_sample
 
 MEASURED, ESTIMATED, UNKNOWN = "measured", "estimated", "unknown"
 
@@ -224,7 +226,35 @@ def predict_for_run(step: Step, prefix: str) -> tuple[Prediction, PriceTable]:
     inputs exist, so its work is known), from the history under the prefix and the price table of
     `$MARIN_PRICES` (or the defaults)."""
     prices = PriceTable.load()
-    return predict(step, EstimateInputs(prefix), History(prefix), prices), prices
+    return predict(step, EstimateInputs(prefix), recent_history(prefix), prices), prices
+
+
+HISTORY_FOR_S = 60.0
+"""How long a process reuses the history it read for run-time predictions: a run (or a Ray worker) materializing
+thousands of steps lists each history folder once a minute instead of once per step (listing per step made a
+graph of n steps cost O(n²)); a prediction missing the last minute's samples is as good."""
+
+_RECENT: dict[str, tuple[float, History]] = {}
+_RECENT_LOCK = threading.Lock()
+
+
+def keep_sample(prefix: str, sample: Sample) -> None:
+    """Keep a run's throughput under the prefix for later predictions, and in this process's recent history."""
+    write_sample(prefix, sample)
+    with _RECENT_LOCK:
+        kept = _RECENT.get(prefix)
+    if kept is not None:
+        kept[1].add(sample)
+
+
+def recent_history(prefix: str) -> History:
+    """The history under `prefix` as this process read it in the last HISTORY_FOR_S seconds."""
+    now = time.monotonic()
+    with _RECENT_LOCK:
+        kept = _RECENT.get(prefix)
+        if kept is None or now - kept[0] > HISTORY_FOR_S:
+            kept = _RECENT[prefix] = (now, History(prefix))
+        return kept[1]
 
 
 def measured_after_run(step: Step, prefix: str, seconds: float, result: Any, prediction: Prediction | None,

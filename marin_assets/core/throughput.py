@@ -80,6 +80,12 @@ class History:
                                       if s.device == device and s.kind == kind and s.step not in known]
         return self._read[key]
 
+    def add(self, sample: Sample) -> None:
+        """Count a sample this process just kept, as if read (the newest first; replacing its step's older one)."""
+        key = (sample.device, sample.kind)
+        if key in self._read:
+            self._read[key] = [sample, *(s for s in self._read[key] if s.step != sample.step)][:MAX_SAMPLES]
+
     def _load(self, device: str, kind: str) -> list[Sample]:
         fs, path = fsspec.core.url_to_fs(_folder(self.prefix, device, kind))
         try:
