@@ -64,8 +64,12 @@ dev: install $(DAGSTER_HOME)/dagster.yaml
 	@echo "The asset graph: http://127.0.0.1:3000/asset-groups"
 	$(BIN)/dagster dev -h 127.0.0.1 -p 3000
 
+# Two workers (pytest-xdist), a file at a time each, longest files first (tests/conftest.py): a third of the
+# suite's time is waiting (servers starting, daemons polling, kills awaited), which the other worker fills.
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # ruff (pyflakes, pycodestyle, import order, bugbear, pyupgrade), mypy (strict on the protocol),
 # and the import-layer contracts (pyproject.toml [tool.importlinter]).
