@@ -260,7 +260,7 @@ def measure(reps: int = 3, megabytes: int = 30, fuzzy_only: bool = False) -> lis
         big, _ = normalized(tmp, "big", planted_texts(unit * 10, max_document_bytes=MEMORY_DOCUMENT_BYTES), 1 << 20)
         warm, _ = normalized(tmp, "warm", planted_texts(1)[:40], 1 << 20)
         peaks: dict[str, list[dict]] = {"small": [], "big": []}
-        for rep in range(2):
+        for rep in range(3):  # the small corpus' peak varies most (what the warm-up left resident): a median of 3
             for kind in rotated(["small", "big"], rep):
                 peaks[kind].append(data_peak(os.path.join(tmp, f"rss-{kind}-{rep}"), small if kind == "small" else big,
                                              warm))

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from marin_assets.core.step import Step, made_by
-from marin_assets.pipeline.curation.shards import Shard, list_shards, read_shard, write_shard
+from marin_assets.pipeline.curation.shards import Shard, list_shards, read_shard, returning_memory, write_shard
 from marin_assets.pipeline.curation.stage import (
     CurationResult,
     Removed,
@@ -125,11 +125,14 @@ def rewrite_shard(output_path: str, chosen: CurationFilter, shard: Shard) -> dic
 
 def run_filter(output_path: str, dataset_path: str, chosen: CurationFilter, workers: int = 1) -> CurationResult:
     """`dataset_path`'s shards without the rows `chosen` removes, written to `output_path`: prepared, then
-    every shard rewritten (resumable, up to `workers` at once on Ray), counted per reason."""
+    every shard rewritten (resumable, up to `workers` at once on Ray), counted per reason. Arrow's memory is
+    handed back as it is freed (`returning_memory`): what a stage holds is bounded by a shard, not the corpus."""
     shards = list_shards(chosen.name, dataset_path)
-    deciding = chosen.prepare(output_path, shards, workers)
-    outcomes = run_phase(output_path, SHARDS_PHASE, shards, functools.partial(rewrite_shard, output_path, deciding),
-                         key_of=lambda s: s.key, workers=workers, name=f"{chosen.name} of {len(shards)} shards")
+    with returning_memory():
+        deciding = chosen.prepare(output_path, shards, workers)
+        outcomes = run_phase(output_path, SHARDS_PHASE, shards,
+                             functools.partial(rewrite_shard, output_path, deciding),
+                             key_of=lambda s: s.key, workers=workers, name=f"{chosen.name} of {len(shards)} shards")
     return deciding.result(summarize(chosen.name, output_path, [ShardStats.from_json(o) for o in outcomes]))
 
 

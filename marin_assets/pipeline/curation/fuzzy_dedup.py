@@ -26,13 +26,17 @@ each item's outcome at `_work/{phase}/{key}.json` beside its data; the first fiv
    n-gram Jaccard, and the documents to remove with cluster statistics and an audit sample
    (`fuzzy_verify`);
 6. `shards`: every shard rewritten without its removed rows (reason `near-duplicate`).
+
+Memory is bounded by a shard, not the corpus, besides what is inherent (a bucket's band records in phase 2,
+the candidate and verified pairs): Arrow allocates from a pool that returns freed memory
+(`shards.returning_memory`), and malloc's free memory is handed back after every item (`_handing_back`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +55,13 @@ from marin_assets.pipeline.curation.fuzzy_candidates import (
     unique_pairs,
 )
 from marin_assets.pipeline.curation.fuzzy_verify import SAMPLE, cluster, gather_sets, verification_plan, verify_shard
-from marin_assets.pipeline.curation.shards import CurationError, Shard, work_path
+from marin_assets.pipeline.curation.shards import (
+    CurationError,
+    Shard,
+    hand_back_memory,
+    returning_memory,
+    work_path,
+)
 from marin_assets.pipeline.curation.shingles import CHAR_NGRAMS, KINDS, NORMALIZATION, Shingling
 from marin_assets.pipeline.curation.stage import CurationResult, run_phase
 
@@ -213,35 +223,39 @@ class FuzzyDedup(CurationFilter):
                                   self.window)
 
     def prepare(self, output_path: str, shards: Sequence[Shard], workers: int) -> FuzzyDedup:
-        """Phases 1 to 5: candidate pairs from MinHash bands, verified on the text, clustered."""
+        """Phases 1 to 5: candidate pairs from MinHash bands, verified on the text, clustered (Arrow's memory
+        handed back as it is freed: `returning_memory`)."""
+        with returning_memory():
+            return self._prepare(output_path, shards, workers)
+
+    def _prepare(self, output_path: str, shards: Sequence[Shard], workers: int) -> FuzzyDedup:
         keys = [s.key for s in shards]
         buckets = self.buckets
         num_perm, bands, threshold, window = self.num_perm, self.bands, self.threshold, self.window
         assert num_perm is not None and bands is not None and threshold is not None and window is not None  # post_init
         banded = run_phase(output_path, "bands", list(enumerate(shards)),
-                           functools.partial(band_shard, output_path, self.shingling, num_perm, bands, self.seed,
-                                             buckets),
+                           _handing_back(band_shard, output_path, self.shingling, num_perm, bands, self.seed, buckets),
                            key_of=lambda item: item[1].key, workers=workers,
                            name=f"{STAGE} bands of {len(shards)} shards")
         counts = np.array([o["bucket_records"] for o in banded], dtype=np.int64).reshape(len(shards), buckets)
         starts = np.cumsum(counts, axis=1) - counts
         per_bucket = [(b, [(keys[i], int(starts[i, b]), int(counts[i, b])) for i in np.flatnonzero(counts[:, b])])
                       for b in range(buckets)]
-        run_phase(output_path, "candidates", per_bucket, functools.partial(pair_bucket, output_path),
+        run_phase(output_path, "candidates", per_bucket, _handing_back(pair_bucket, output_path),
                   key_of=lambda item: f"bucket-{item[0]:05d}", workers=workers, name=f"{STAGE} {buckets} buckets")
         pairs = unique_pairs(*np.concatenate([load_array(output_path, candidates_path(output_path, b))
                                               for b in range(buckets)]).T)
         gather, verify = verification_plan(pairs)
         run_phase(output_path, "sets", gather,
-                  functools.partial(gather_sets, output_path, shards, self.shingling, bool(self.window)),
+                  _handing_back(gather_sets, output_path, shards, self.shingling, bool(self.window)),
                   key_of=lambda item: keys[item[0]], workers=workers,
                   name=f"{STAGE} n-gram sets of {len(gather)} shards")
         run_phase(output_path, "verified", verify,
-                  functools.partial(verify_shard, output_path, keys, threshold, window),
+                  _handing_back(verify_shard, output_path, keys, threshold, window),
                   key_of=lambda item: keys[item[0]], workers=workers,
                   name=f"{STAGE} verification of {len(pairs)} pairs")
         clustered = run_phase(output_path, "clusters", ["all"],
-                              functools.partial(cluster, output_path, keys, [item[0] for item in verify]),
+                              _handing_back(cluster, output_path, keys, [item[0] for item in verify]),
                               key_of=str, workers=1)[0]
         return dataclasses.replace(self, clustered=Clustered(output_path, clustered["removed"], len(pairs), clustered))
 
@@ -249,6 +263,7 @@ class FuzzyDedup(CurationFilter):
         """Phase 6: the shard's rows in its removal list go."""
         if self.clustered is None:
             raise CurationError(f"{STAGE}: the near duplicates are found by prepare(), before any shard is decided")
+        hand_back_memory()  # what the previous shard's rewrite left (`_handing_back`)
         expected = self.clustered.removed.get(shard.key, 0)
         path = work_path(self.clustered.output_path, "clusters", f"{shard.key}.npy") if expected else None
         rows = load_array(self.clustered.output_path, path) if path else np.zeros(0, np.int64)
@@ -263,11 +278,26 @@ class FuzzyDedup(CurationFilter):
 
     def result(self, summary: CurationResult) -> FuzzyDedupResult:
         assert self.clustered is not None
+        hand_back_memory()  # what the last shard's rewrite left: the stage ends holding no freed memory
         outcome = self.clustered.outcome
         return FuzzyDedupResult.of(summary, candidate_pairs=self.clustered.candidate_pairs,
                                    verified_pairs=outcome["verified_pairs"], clusters=outcome["clusters"],
                                    largest_cluster=outcome["largest_cluster"], cluster_sizes=outcome["cluster_sizes"],
                                    removed_sample=[RemovedPair(**p) for p in outcome["sample"]])
+
+
+def _handing_back(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
+    """`functools.partial(fn, *args)` that hands malloc's free memory back after each item (`hand_back_memory`):
+    a phase works on one shard (or bucket) after another in one process, and without it what malloc keeps
+    between them grew with the corpus."""
+    return functools.partial(_then_hand_back, functools.partial(fn, *args))
+
+
+def _then_hand_back(work: Callable[[Any], Any], item: Any) -> Any:
+    try:
+        return work(item)
+    finally:
+        hand_back_memory()
 
 
 def fuzzy_dedup(output_path: str, dataset_path: str, ngram: int | None = None, num_perm: int | None = None,

@@ -3,9 +3,10 @@
 Phase 3 (`gather_sets`, per shard holding candidates): their texts read once (only the row groups holding
 them), their n-gram hash sets (or, with windows, the n-grams in order) sent to the verification task of
 each pair's later document: `_work/sets/{shard}/for-{shard}.parquet`, so no task reads another's shards.
-Phase 4 (`verify_shard`, per shard of the pairs' later documents): the exact Jaccard of each pair's sets and,
-with a `window`, its least window containment (`window_containment`); pairs at or above the threshold on
-both, with ids, sources and snippets: `_work/verified/{shard}.parquet`. Phase 5 (`cluster`, once, over
+Phase 4 (`verify_shard`, per shard of the pairs' later documents, reading one earlier shard's sets at a time
+beside its own): the exact Jaccard of each pair's sets and, with a `window`, its least window containment
+(`window_containment`); pairs at or above the threshold on both, with ids, sources and snippets:
+`_work/verified/{shard}.parquet`. Phase 5 (`cluster`, once, over
 verified pairs only — as many as there are duplicates, not documents): in key order a document is removed
 iff it has a verified pair with an earlier kept document: removal lists `_work/clusters/{shard}.npy`,
 cluster statistics, an audit sample.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import io
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -157,37 +159,93 @@ def _verified_path(output_path: str, shard_key: str) -> str:
     return work_path(output_path, "verified", f"{shard_key}.parquet")
 
 
+@dataclass(frozen=True)
+class _Sets:
+    """One sets file of phase 3 (`gather_sets`), loaded: its documents (sorted) and their n-grams."""
+
+    path: str
+    table: pa.Table
+    docs: np.ndarray
+    values: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def load(cls, output_path: str, source_key: str, destination_key: str) -> _Sets:
+        path = _sets_path(output_path, source_key, destination_key)
+        table = read_work_table(output_path, path)
+        ngrams = table.column("ngrams").combine_chunks()  # one chunk: one file
+        return cls(path, table, table.column("doc").to_numpy(), ngrams.values.to_numpy(), ngrams.offsets.to_numpy())
+
+    def find(self, output_path: str, docs: np.ndarray, also: str) -> np.ndarray:
+        """Where `docs` are, or `missing_work` (naming this file and `also`) if any is not."""
+        at = np.searchsorted(self.docs, docs)
+        if len(docs) and not (self.docs[np.minimum(at, len(self.docs) - 1)] == docs).all():
+            raise missing_work(output_path, ", ".join(dict.fromkeys([self.path, also])))
+        return at
+
+    def ngrams(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i]:self.offsets[i + 1]]
+
+
 def verify_shard(output_path: str, keys: list[str], threshold: float, window: int,
                  item: tuple[int, np.ndarray, list[int]]) -> dict[str, Any]:
     """Phase 4: the candidate pairs whose later document is in one shard, checked on their n-gram sets: Jaccard
-    >= `threshold` and, with a `window` (> 0), each document's `window_containment` in the other too."""
-    ordinal, pairs, sources = item
-    paths = [_sets_path(output_path, keys[s], keys[ordinal]) for s in sources]
-    sets = pa.concat_tables([read_work_table(output_path, p) for p in paths])
-    docs = sets.column("doc").to_numpy()
-    ngrams = sets.column("ngrams").combine_chunks()
-    values, offsets = ngrams.values.to_numpy(), ngrams.offsets.to_numpy()
-    at_a, at_b = np.searchsorted(docs, pairs[:, 0]), np.searchsorted(docs, pairs[:, 1])
-    if len(pairs) and not ((docs[np.minimum(at_a, len(docs) - 1)] == pairs[:, 0]).all()
-                           and (docs[np.minimum(at_b, len(docs) - 1)] == pairs[:, 1]).all()):
-        raise missing_work(output_path, ", ".join(paths))
-    texts = {i: values[offsets[i]:offsets[i + 1]] for i in np.unique(np.append(at_a, at_b)).tolist()}
-    distinct = {i: _distinct(v) for i, v in texts.items()} if window else texts  # window: texts hold sequences
-    similarity = np.array([_jaccard_from(distinct[i], distinct[j], threshold)
-                           for i, j in zip(at_a.tolist(), at_b.tolist(), strict=True)], dtype=np.float64)
+    >= `threshold` and, with a `window` (> 0), each document's `window_containment` in the other too. The pairs
+    are taken by their earlier document's shard, one sets file at a time beside this shard's own: memory holds
+    two shards' sets, however many shards send theirs."""
+    ordinal, pairs, _ = item
+    own = _Sets.load(output_path, keys[ordinal], keys[ordinal])
+    own_distinct: dict[int, np.ndarray] = {}
+    parts = [_verify_from(output_path, keys, ordinal, source, pairs[rows], own, own_distinct, threshold, window)
+             for source, rows in split_by(np.arange(len(pairs)), pairs[:, 0] >> ROW_BITS)]  # rows stay in order
+    write_shard(pa.concat_tables(parts), _verified_path(output_path, keys[ordinal]))
+    return {"candidates": len(pairs), "verified": sum(p.num_rows for p in parts)}
+
+
+def _verify_from(output_path: str, keys: list[str], ordinal: int, source: int, pairs: np.ndarray, own: _Sets,
+                 own_distinct: dict[int, np.ndarray], threshold: float, window: int) -> pa.Table:
+    """The verified pairs among `pairs`, whose earlier documents are all in shard `source` (its sets file is
+    loaded here, and let go on return)."""
+    earlier = own if source == ordinal else _Sets.load(output_path, keys[source], keys[ordinal])
+    at_a = earlier.find(output_path, pairs[:, 0], own.path)
+    at_b = own.find(output_path, pairs[:, 1], earlier.path)
+    passed, similarity = _verified(earlier, at_a, own, at_b, own_distinct if earlier is own else {}, own_distinct,
+                                   threshold, window)
+    return _verified_table(pairs, passed, similarity, earlier.table, at_a, own.table, at_b)
+
+
+def _verified(earlier: _Sets, at_a: np.ndarray, later: _Sets, at_b: np.ndarray, earlier_distinct: dict[int, np.ndarray],
+              later_distinct: dict[int, np.ndarray], threshold: float, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """(which pairs pass, their Jaccard) for pairs (earlier document `at_a[k]`, later `at_b[k]`); `*_distinct`: the
+    documents' distinct n-grams, made once per document (with windows the files hold n-grams in order)."""
+
+    def distinct(sets: _Sets, made: dict[int, np.ndarray], i: int) -> np.ndarray:
+        if not window:
+            return sets.ngrams(i)
+        if i not in made:
+            made[i] = _distinct(sets.ngrams(i))
+        return made[i]
+
+    similarity = np.array([_jaccard_from(distinct(earlier, earlier_distinct, i), distinct(later, later_distinct, j),
+                                         threshold) for i, j in zip(at_a.tolist(), at_b.tolist(), strict=True)],
+                          dtype=np.float64)
     keep = similarity >= threshold
     for k in np.flatnonzero(keep).tolist() if window else ():
         i, j = int(at_a[k]), int(at_b[k])
-        keep[k] = min(window_containment(texts[i], distinct[j], window),
-                      window_containment(texts[j], distinct[i], window)) >= threshold
-    kept = {side: pa.array(at[keep]) for side, at in (("a", at_a), ("b", at_b))}
-    table = pa.table({
+        keep[k] = min(window_containment(earlier.ngrams(i), distinct(later, later_distinct, j), window),
+                      window_containment(later.ngrams(j), distinct(earlier, earlier_distinct, i), window)) >= threshold
+    return keep, similarity
+
+
+def _verified_table(pairs: np.ndarray, keep: np.ndarray, similarity: np.ndarray, earlier: pa.Table, at_a: np.ndarray,
+                    later: pa.Table, at_b: np.ndarray) -> pa.Table:
+    """The verified pairs with both documents' ids, sources and snippets (phase 5 and the audit sample read them)."""
+    kept = {"a": (earlier, pa.array(at_a[keep])), "b": (later, pa.array(at_b[keep]))}
+    return pa.table({
         "a": pa.array(pairs[keep, 0], pa.uint64()), "b": pa.array(pairs[keep, 1], pa.uint64()),
         "jaccard": pa.array(similarity[keep], pa.float64()),
-        **{f"{side}_{name}": sets.column(name).take(kept[side])
+        **{f"{side}_{name}": kept[side][0].column(name).take(kept[side][1])
            for side in "ab" for name in ("id", "source", "snippet")}})
-    write_shard(table, _verified_path(output_path, keys[ordinal]))
-    return {"candidates": len(pairs), "verified": int(keep.sum())}
 
 
 def _jaccard_from(a: np.ndarray, b: np.ndarray, threshold: float) -> float:

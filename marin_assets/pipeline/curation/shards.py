@@ -6,13 +6,19 @@ and `source` (`file:line` it came from); a stage keeps every other column it doe
 Everything a stage needs besides its output (per-shard stats, claims, intermediate hash buckets)
 lives under `{output}/_work/`, which the tokenize step's split discovery does not read.
 Shards are written whole and renamed into place, so a reader never sees a partial one.
+Shards are read and written on an Arrow memory pool that hands freed memory back at once
+(`returning_memory`); a stage that works shard after shard in one process hands back what malloc keeps
+between them (`hand_back_memory`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,11 +97,53 @@ def list_shards(stage: str, dataset_path: str) -> list[Shard]:
     return shards
 
 
+@functools.cache
+def _returning_pool() -> pa.MemoryPool:
+    try:
+        pool = pa.jemalloc_memory_pool()
+    except NotImplementedError:  # a pyarrow built without jemalloc (Windows): malloc's own
+        return pa.system_memory_pool()
+    pa.jemalloc_set_decay_ms(0)
+    return pool
+
+
+@contextlib.contextmanager
+def returning_memory() -> Iterator[None]:
+    """Arrow allocations in the block come from jemalloc with no decay (freed pages go back to the OS at once;
+    malloc's pool where pyarrow has no jemalloc). pyarrow's default pool (mimalloc on most builds) keeps freed
+    pages in per-thread heaps: over a stage's shards what it keeps grew with the corpus (fuzzy dedup: +25 MB
+    over 3 MB of shards, +58 MB over 30 MB). Buffers remember their pool, so the previous default comes back
+    safely at the end."""
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(_returning_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):  # not glibc (macOS, musl): nothing to call
+        return None
+
+
+def hand_back_memory() -> None:
+    """Give the memory malloc holds free back to the OS (glibc's `malloc_trim(0)`; elsewhere nothing). A shard's
+    work frees its buffers, but malloc keeps them resident, fragmented between longer-lived objects (and in the
+    arenas of the threads that freed them), and what it keeps grows with the shards a process has worked on."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def read_shard(stage: str, path: str, columns: Sequence[str] | None = None) -> pa.Table:
     """A whole shard (or some of its columns); an unreadable file or a missing column names the file."""
     wanted = list(columns) if columns is not None else list(REQUIRED)
     try:
-        with fsspec.open(path, "rb") as f:
+        with returning_memory(), fsspec.open(path, "rb") as f:
             parquet = pq.ParquetFile(f)
             names = parquet.schema_arrow.names
             missing = [c for c in wanted if c not in names]
@@ -117,7 +165,8 @@ def read_shard(stage: str, path: str, columns: Sequence[str] | None = None) -> p
 def write_shard(table: pa.Table, path: str) -> None:
     """Write a shard whole (zstd parquet) and move it into place: never seen half-written."""
     buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression="zstd", row_group_size=8192)
+    with returning_memory():
+        pq.write_table(table, buffer, compression="zstd", row_group_size=8192)
     atomic_write(path, buffer.getvalue())
 
 
