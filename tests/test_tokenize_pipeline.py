@@ -88,6 +88,7 @@ def levanter_written(rows: list[list[int]], cache_dir: str) -> tuple[np.ndarray,
 def test_the_pipeline_writes_exactly_the_reference_cache(dataset, cl100k, tmp_path, monkeypatch, backend):
     # small batches, appends and commits: every file spans several of each, and appends cross commits
     monkeypatch.setattr(cache_writer, "BATCH_CHARACTERS", 20_000)
+    monkeypatch.setattr(cache_writer, "COMPACT_BATCH_CHARACTERS", 20_000)
     monkeypatch.setattr(cache_writer, "WRITE_TOKENS", 3_000)
     tok = cl100k[backend]
     result = tokenize(str(tmp_path / "c"), dataset, tok, rows_per_commit=2)
@@ -183,6 +184,7 @@ def test_a_bad_line_in_a_later_file_names_it_and_the_files_before_stay_committed
 @pytest.mark.parametrize("where", ["writer", "tokenizer"])
 def test_a_failure_in_the_writer_or_the_tokenizer_is_raised_not_hung(dataset, cl100k, tmp_path, monkeypatch, where):
     monkeypatch.setattr(cache_writer, "BATCH_CHARACTERS", 5_000)
+    monkeypatch.setattr(cache_writer, "COMPACT_BATCH_CHARACTERS", 5_000)
     calls = []
     if where == "writer":
         real = cache_writer._extend
@@ -232,10 +234,54 @@ def test_a_split_is_written_in_few_appends_across_file_ends(dataset, cl100k, tmp
 
 
 def test_appends_grow_with_the_shard_file_they_rewrite():
-    sizes = [cache_writer.write_threshold(n) for n in range(0, cache_writer.SHARD_TOKENS, 1 << 20)]
+    legacy = 1 << 27  # Levanter's own shard files, which caches created before SHARD_TOKENS keep
+    sizes = [cache_writer.write_threshold(n, legacy) for n in range(0, legacy, 1 << 20)]
     assert sizes[0] == cache_writer.WRITE_TOKENS and sizes[-1] == cache_writer.MAX_WRITE_TOKENS
     assert sizes == sorted(sizes)  # the fuller the file, the larger the append, up to the cap
-    assert cache_writer.write_threshold(cache_writer.SHARD_TOKENS) == cache_writer.WRITE_TOKENS  # a new file
+    assert cache_writer.write_threshold(legacy, legacy) == cache_writer.WRITE_TOKENS  # a new file
+    # in the shard files this writer creates, a quarter of a full file is within the smallest append
+    shard = cache_writer.SHARD_TOKENS
+    assert {cache_writer.write_threshold(n) for n in range(0, 3 * shard, shard // 16)} == {cache_writer.WRITE_TOKENS}
+
+
+def zarr_metadata(cache_dir: str) -> dict[str, dict]:
+    return {name: json.loads((Path(cache_dir) / "input_ids" / name / "zarr.json").read_text())
+            for name in ("offsets", "data")}
+
+
+def test_a_new_cache_has_small_shard_files_that_levanter_reads_and_an_old_one_keeps_its_own(
+        dataset, cl100k, tmp_path, monkeypatch):
+    # shard files of 4,096 elements and appends of ~3,000 tokens: appends cross shard files
+    monkeypatch.setattr(cache_writer, "SHARD_TOKENS", 4096)
+    monkeypatch.setattr(cache_writer, "WRITE_TOKENS", 3_000)
+    files = sorted(str(p) for p in (Path(dataset) / "train").iterdir())
+    tok = cl100k["fastokens"]
+    rows = [r for file_rows in reference_rows(tok, dataset, "train").values() for r in file_rows]
+    want = levanter_written(rows, str(tmp_path / "levanter"))
+    from levanter.store.tree_store import TreeStore
+
+    exemplar = cache_writer.text_processor(tok).output_exemplar
+    TreeStore.open(exemplar, str(tmp_path / "levanter-layout"), mode="a")  # Levanter's own layout
+    levanter_layout = zarr_metadata(str(tmp_path / "levanter-layout"))
+    new, old = str(tmp_path / "new"), str(tmp_path / "old")
+    TreeStore.open(exemplar, old, mode="a")  # a cache begun by Levanter (or by this writer before SHARD_TOKENS)
+    for cache in (new, old):
+        assert cache_writer.tokenize_files(files, cache, tok, backend="fastokens").tokens == sum(map(len, rows))
+        assert all(np.array_equal(a, b) for a, b in zip(store_arrays(cache), want, strict=True))
+        # training's reader, whatever the layout: the same rows
+        loaded = lc.load_cache(cache, exemplar)
+        got = loaded.get_batch_sync(list(range(len(rows))))
+        assert [list(r["input_ids"]) for r in got] == rows
+    assert zarr_metadata(old) == levanter_layout  # an existing store keeps the layout it was made with
+    layout = zarr_metadata(new)
+    assert len(list((Path(new) / "input_ids" / "data" / "c").iterdir())) == -(-sum(map(len, rows)) // 4096) > 2
+    for name, metadata in layout.items():  # Levanter's codec and metadata; only the shard file's size differs
+        assert metadata["chunk_grid"]["configuration"]["chunk_shape"] == [4096]
+        assert metadata["codecs"][0]["configuration"]["chunk_shape"] == [4096]  # (Levanter's inner chunks: 2^18)
+        same = json.loads(json.dumps(levanter_layout[name]))
+        same["chunk_grid"]["configuration"]["chunk_shape"] = [4096]
+        same["codecs"][0]["configuration"]["chunk_shape"] = [4096]
+        assert metadata == same
 
 
 def test_the_parity_sample_reads_only_what_it_takes(tmp_path, monkeypatch):

@@ -196,6 +196,7 @@ def test_a_resumed_file_skips_exactly_what_it_read_and_keeps_the_count(tokenizer
         write_parquet(file, texts, row_group_size=7)
     cache = str(tmp_path / "cache")
     monkeypatch.setattr(cache_writer, "BATCH_CHARACTERS", 1)  # a batch per document: many commits
+    monkeypatch.setattr(cache_writer, "COMPACT_BATCH_CHARACTERS", 1)
     commits, real_commit = [], cache_writer._commit
 
     def crash_on_the_fifth(*args, **kwargs):

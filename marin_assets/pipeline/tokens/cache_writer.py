@@ -33,7 +33,12 @@ from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.tokens.encoders import encoder
 
 BATCH_CHARACTERS = 1 << 20
-"""Texts are encoded in batches of about this many characters (fastokens needs large batches)."""
+"""Texts are encoded by `tokenizers` in batches of about this many characters (its encodings hold ~80 bytes per
+token)."""
+COMPACT_BATCH_CHARACTERS = 1 << 22
+"""Texts are encoded by fastokens in batches of about this many characters (~1 M tokens, 4 MB of ids): its two
+threads wait at the end of every batch for the one holding its largest document, and each call has a fixed cost;
+on real source files (cl100k) the step took ~10 % less CPU with 4 MB batches than with 1 MB ones (issue 28)."""
 WRITE_TOKENS = 1 << 21
 """The writer appends to the arrays once at least this many tokens are waiting (`write_threshold`), across file
 ends: each append costs ~20 ms of CPU whatever its size (it recompresses the offsets' first chunk twice and the
@@ -41,13 +46,17 @@ tokens' last one, and reads the arrays' sizes) — with 1 M-token appends and on
 third as much CPU as fastokens itself on real text."""
 MAX_WRITE_TOKENS = 1 << 23
 """The most tokens the writer gathers (32 MB of ids) however full the shard file it appends to."""
-SHARD_TOKENS = 1 << 27
-"""Tokens per shard file of a cache's token array (Levanter's `DEFAULT_WRITE_CHUNK_SIZE`, 256 Ki × 512): an
-append rewrites the whole current file, so its cost grows with how full that file is."""
-TOKENIZED_AHEAD = 16
-"""fastokens batches (~4 M tokens in compact buffers) that may wait for the writer: enough that the tokenizer runs
-on while one of its appends (a rewrite of the shard file, with fsync) is under way. `tokenizers`' encodings
-hold ~80 bytes per token (strings, offsets, masks): four of those batches at most."""
+SHARD_TOKENS = 1 << 22
+"""Elements per shard file of the arrays of a cache this writer creates (Levanter's own default is 2^27,
+`DEFAULT_WRITE_CHUNK_SIZE`): tensorstore rewrites the whole current shard file on every append, so with 2^27
+tokens (a 1 GiB file of int64 ids before compression) each append's time and buffers grew with the cache. 2^22
+tokens (32 MB of ids, ~10 MB compressed) bound both, and a split's appends cost time linear in its tokens;
+Levanter reads the arrays through their stored metadata. A cache created before keeps its layout
+(`levanter_cache.create_arrays`)."""
+TOKENIZED_AHEAD = 4
+"""Batches that may wait for the writer: fastokens' (~4 M tokens in compact buffers) enough that the tokenizer
+runs on while one of its appends (a rewrite of the shard file, with fsync) is under way; `tokenizers`' encodings
+hold ~80 bytes per token (strings, offsets, masks), but its batches are a quarter as long."""
 EMPTY_DROPPED = "empty_documents_dropped"
 """The ledger's `field_counts` key prefix (`empty_documents_dropped/<shard>`) and the record's field name."""
 TOKENS_FIELD = "input_ids"
@@ -88,9 +97,10 @@ def _commit(cache_dir: str, rows: int, tokens: int, shard_rows: dict, finished: 
     return ledger
 
 
-def _text_batches(file: str, text_field: str, text_format: str, skip: int) -> Iterator[tuple[list[str], int]]:
+def _text_batches(file: str, text_field: str, text_format: str, skip: int,
+                  characters: int) -> Iterator[tuple[list[str], int]]:
     """(texts, empty documents dropped before and among them) of the file's documents after the first `skip`,
-    in batches of about BATCH_CHARACTERS characters; a last `([], n)` carries empties after the last text."""
+    in batches of about `characters` characters; a last `([], n)` carries empties after the last text."""
     batch: list[str] = []
     size = dropped = 0
     seen = False
@@ -102,7 +112,7 @@ def _text_batches(file: str, text_field: str, text_format: str, skip: int) -> It
                 continue
             batch.append(text)
             size += len(text)
-            if size >= BATCH_CHARACTERS:
+            if size >= characters:
                 yield batch, dropped
                 batch, size, dropped = [], 0, 0
     if not seen and not skip and format_of(file, text_format) == "text-file":
@@ -168,7 +178,7 @@ def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, te
     shard_rows = dict(ledger.shard_rows) if ledger is not None else {}
     finished = list(ledger.finished_shards) if ledger is not None else []
     dropped = _dropped_in(ledger.field_counts) if ledger is not None else {}
-    done = {"rows": ledger.total_num_rows if ledger is not None else 0, "tokens": 0}
+    done = {"rows": ledger.total_num_rows if ledger is not None else 0, "tokens": 0, "shard": SHARD_TOKENS}
     # The file being tokenized when a previous attempt stopped continues after what it read (kept and dropped).
     todo = [(file, shard, shard_rows.get(shard, 0) + dropped.get(shard, 0))
             for file, shard in zip(files, shards, strict=True) if shard not in finished]
@@ -179,9 +189,11 @@ def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, te
         has none, and its arrays, cut to the committed rows."""
         if ledger is None:
             _commit(cache_dir, 0, 0, {}, [], False, metadata)
-        arrays["store"] = store = lc.open_store(text_processor(tokenizer_path).output_exemplar, cache_dir, mode="a")
+        arrays["store"] = store = lc.open_store(text_processor(tokenizer_path).output_exemplar, cache_dir, mode="a",
+                                                shard_elements=SHARD_TOKENS)
         lc.drop_rows_after(store, done["rows"])  # crashed after writing, before committing
         done["tokens"] = int(store.tree[TOKENS_FIELD].data_size)
+        done["shard"] = lc.shard_elements(store, TOKENS_FIELD)
 
     def write(batch: Any, rows_of: dict[str, int], ended: list[str], commit: bool) -> None:
         """(On the writer thread) append `batch` — `rows_of[shard]` rows of each shard, in order — after the
@@ -219,11 +231,13 @@ def _metadata(tokenizer_path: str) -> Any:
     return lc.cache_metadata(text_processor(tokenizer_path))
 
 
-def write_threshold(written: int) -> int:
-    """Tokens the writer gathers before it appends them to a cache holding `written` tokens: WRITE_TOKENS, or a
-    quarter of what the current shard file already holds, up to MAX_WRITE_TOKENS. Every append rewrites that
-    whole file (tensorstore's sharded zarr3), so appends of a fixed size would cost time quadratic in its size."""
-    return max(WRITE_TOKENS, min((written % SHARD_TOKENS) // 4, MAX_WRITE_TOKENS))
+def write_threshold(written: int, shard_tokens: int = SHARD_TOKENS) -> int:
+    """Tokens the writer gathers before it appends them to a cache holding `written` tokens in shard files of
+    `shard_tokens`: WRITE_TOKENS, or a quarter of what the current shard file already holds, up to
+    MAX_WRITE_TOKENS. Every append rewrites that whole file (tensorstore's sharded zarr3), so appends of a fixed
+    size would cost time quadratic in its size — in the 2^27-token shards of caches created before
+    SHARD_TOKENS; in SHARD_TOKENS' shards a quarter never exceeds WRITE_TOKENS."""
+    return max(WRITE_TOKENS, min((written % shard_tokens) // 4, MAX_WRITE_TOKENS))
 
 
 _END = object()
@@ -244,18 +258,20 @@ class _Pipeline:
         self.failure: dict[str, BaseException] = {}
         self.batches: queue.Queue = queue.Queue(maxsize=4)
         compact = encoder.backend == "fastokens" and encoder.framing.style != "levanter"
-        self.tokenized: queue.Queue = queue.Queue(maxsize=TOKENIZED_AHEAD if compact else 4)
-        self._reader = threading.Thread(target=self._read, args=(todo, text_field, text_format), daemon=True,
-                                        name="tokenize reader")
+        self.tokenized: queue.Queue = queue.Queue(maxsize=TOKENIZED_AHEAD)
+        characters = COMPACT_BATCH_CHARACTERS if compact else BATCH_CHARACTERS
+        self._reader = threading.Thread(target=self._read, args=(todo, text_field, text_format, characters),
+                                        daemon=True, name="tokenize reader")
         self._writer = threading.Thread(target=self._write, daemon=True, name="tokenize writer",
                                         args=(prepared, rows_per_commit, prepare, write, done, dropped, handed_over))
         self._reader.start()
         self._writer.start()
 
-    def _read(self, todo: Sequence[tuple[str, str, int]], text_field: str, text_format: str) -> None:
+    def _read(self, todo: Sequence[tuple[str, str, int]], text_field: str, text_format: str,
+              characters: int) -> None:
         try:
             for file, _, skip in todo:
-                for batch in _text_batches(file, text_field, text_format, skip):
+                for batch in _text_batches(file, text_field, text_format, skip, characters):
                     self.batches.put(batch)
                 self.batches.put(_END)
         except BaseException as e:
@@ -295,7 +311,7 @@ class _Pipeline:
                     rows += pending[-1].num_rows
                     tokens += len(pending[-1].data)
                 dropped[shard] = dropped.get(shard, 0) + empties
-                if rows >= rows_per_commit or tokens >= write_threshold(done["tokens"]):
+                if rows >= rows_per_commit or tokens >= write_threshold(done["tokens"], done["shard"]):
                     flush()
             finished = True
             handed_over()

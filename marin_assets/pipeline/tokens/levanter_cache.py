@@ -11,7 +11,10 @@ Every Levanter name used here is public: `TextLmDatasetFormat` / `ChatLmDatasetF
 and `PreferenceChatLmDatasetFormat` (`levanter.data.text.preference`) build the processors whose exemplar and
 metadata training compares, `load_tokenizer` the tokenizer they take, `CacheLedger` / `CacheMetadata` /
 `TreeCache` the ledger and its reading, `TreeStore` and `PreparedBatch` the arrays (`TreeStore.trim_to_size`
-drops rows written after the last commit). No private Levanter name is called.
+drops rows written after the last commit). No private Levanter name is called. New text caches' arrays are
+created here first (`create_arrays`: Levanter's `JaggedArrayStore` layout, codec and inner chunks —
+`DEFAULT_BLOSC_CODEC`, `DEFAULT_CHUNK_SIZE`, `build_kvstore_spec` — with smaller shard files), which Levanter
+then opens with their stored metadata.
 `cache_writer.py`, `chat.py`, `encoders.py`, `preference.py` and `pretokenized.py` reach Levanter through this
 module only.
 Levanter (and with it jax) is imported inside functions: importing this module stays cheap.
@@ -133,11 +136,54 @@ def commit_ledger(cache_dir: str, ledger: CacheLedger) -> None:
     atomic_write(join_path(cache_dir, LEDGER_FILE), ledger.to_json().encode())
 
 
-def open_store(exemplar: dict, cache_dir: str, mode: str) -> TreeStore:
-    """The arrays of a cache kept in its own folder, uncached (we write them, so cached metadata would go stale)."""
+def open_store(exemplar: dict, cache_dir: str, mode: str, shard_elements: int | None = None) -> TreeStore:
+    """The arrays of a cache kept in its own folder, uncached (we write them, so cached metadata would go stale).
+    With `shard_elements`, arrays not yet on disk are first created with shard files of that many elements
+    (`create_arrays`); arrays that exist keep the layout they were made with."""
     from levanter.store.tree_store import TreeStore
 
+    if shard_elements is not None and mode != "r":
+        create_arrays(exemplar, cache_dir, shard_elements)
     return TreeStore.open(exemplar, cache_dir, mode=mode, cache_metadata=False)
+
+
+def create_arrays(exemplar: dict, cache_dir: str, shard_elements: int) -> None:
+    """Create a cache's arrays — each field's `offsets` and `data`, as Levanter's `JaggedArrayStore` lays them
+    out — with shard files of `shard_elements` elements instead of Levanter's 2^27, in Levanter's codec (blosc
+    zstd level 1) and inner chunks (`DEFAULT_CHUNK_SIZE`); arrays that already exist are left as they are.
+
+    Why: tensorstore rewrites a sharded zarr3 array's whole current shard file on every append and holds it in
+    memory meanwhile, so with 2^27-element shards the cost and memory of each append grow with the cache up to
+    512 MB of ids. Levanter opens an existing store with its stored metadata (`TreeStore.open`, `TreeCache`),
+    so it reads these arrays as its own. Only flat exemplars of rank-1 fields (text caches) are laid out here;
+    any other exemplar is left to Levanter."""
+    import numpy as np
+    import tensorstore as ts
+    from levanter.store.jagged_array import DEFAULT_BLOSC_CODEC, DEFAULT_CHUNK_SIZE
+    from levanter.tensorstore_serialization import build_kvstore_spec
+
+    items = {field: np.asarray(item) for field, item in exemplar.items()}  # (as `TreeStore` takes them)
+    if not all(item.ndim == 1 for item in items.values()):
+        return
+    chunk = min(DEFAULT_CHUNK_SIZE, shard_elements)
+    for field, item in items.items():
+        for name, dtype in (("offsets", np.dtype(np.int64)), ("data", item.dtype)):
+            path = join_path(cache_dir, field, name)
+            spec = {"driver": "zarr3", "kvstore": build_kvstore_spec(path), "metadata": {
+                "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [shard_elements]}},
+                "codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [chunk], "codecs": [
+                    {"name": "blosc", "configuration": {"cname": DEFAULT_BLOSC_CODEC.compressor,
+                                                        "clevel": DEFAULT_BLOSC_CODEC.compression_level}}]}}]}}
+            try:
+                ts.open(spec, dtype=dtype.name, shape=[2**54], create=True).result()
+            except ValueError as e:
+                if "ALREADY_EXISTS" not in str(e):
+                    raise
+
+
+def shard_elements(store: TreeStore, field: str) -> int:
+    """Elements per shard file of a field's data array (what one append rewrites whole)."""
+    return int(store.tree[field].data.chunk_layout.write_chunk.shape[0])
 
 
 def load_cache(cache_dir: str, exemplar: dict) -> TreeCache:
