@@ -57,7 +57,7 @@ def benchmarks(quick: bool) -> dict[str, Callable[[], dict | list[dict]]]:
         "real_tokenize": lambda: real_tokenize.measure(reps=reps or 5, megabytes=10 if quick else 30,
                                                        fallback_reps=1 if quick else None),
         "curation": lambda: curation.measure(reps=reps or 3, megabytes=10 if quick else 30),
-        "train": lambda: pipeline_throughput.measure_train(reps=1 if quick else 2, steps=20 if quick else 100,
+        "train": lambda: pipeline_throughput.measure_train(reps=1 if quick else 4, steps=20 if quick else 100,
                                                            documents=5_000 if quick else 20_000),
     }
 

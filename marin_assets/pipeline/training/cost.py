@@ -72,13 +72,16 @@ def datasheet_peak(device_kind: str, dtype: str = "bfloat16") -> float | None:
 
 def measure_matmul_flops(dtype: str = "float32", size: int = 1024, repeats: int = 5) -> float:
     """FLOP/s of the fastest of `repeats` jitted `size`×`size` matmuls on JAX's default device: what it
-    reaches on dense work, an assumed peak where no datasheet gives one."""
+    reaches on dense work, an assumed peak where no datasheet gives one. The operands come from NumPy (a
+    matmul's time does not depend on its values): JAX's random normal compiles kernels of its own first, which on
+    a CPU takes longer than the measurement itself, in every training process that measures its peak."""
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
-    key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
-    a = jax.random.normal(key_a, (size, size), dtype=jnp.dtype(dtype))
-    b = jax.random.normal(key_b, (size, size), dtype=jnp.dtype(dtype))
+    rng = np.random.default_rng(0)
+    a, b = (jax.device_put(rng.standard_normal((size, size), dtype=np.float32).astype(jnp.dtype(dtype)))
+            for _ in range(2))
     matmul = jax.jit(jnp.matmul)
     matmul(a, b).block_until_ready()  # compile
     best = math.inf
