@@ -1,6 +1,7 @@
 """fuzzy_dedup's memory stays bounded by a shard, not the corpus: verification holds two shards' n-gram sets at a
 time however many shards send theirs (and still verifies every pair), and shards are read and written on an Arrow
-pool that hands freed memory back (`shards.returning_memory`), the previous default restored after."""
+pool that hands freed memory back (`shards.returning_memory`, `FuzzyDedup.returns_memory`), the previous
+default restored after."""
 
 import gc
 import re
@@ -10,7 +11,8 @@ import pyarrow as pa
 import pytest
 
 from marin_assets.pipeline.curation import fuzzy_verify
-from marin_assets.pipeline.curation.fuzzy_dedup import fuzzy_dedup
+from marin_assets.pipeline.curation.filters import CurationFilter
+from marin_assets.pipeline.curation.fuzzy_dedup import FuzzyDedup, fuzzy_dedup
 from marin_assets.pipeline.curation.shards import document_id, read_shard, returning_memory, shard_path, write_shard
 from tests.support.curation import documents
 
@@ -87,19 +89,19 @@ def test_verification_holds_two_shards_sets_at_a_time_and_verifies_every_pair(sp
         assert pair.jaccard == pytest.approx(jaccard(removed, original), abs=1e-4)
 
 
-def test_shards_are_read_on_a_pool_that_hands_memory_back_and_the_default_comes_back(spread):
+def test_fuzzy_dedup_reads_on_a_pool_that_hands_memory_back_and_the_default_comes_back(spread):
     root, _, _ = spread
+    assert FuzzyDedup.returns_memory and not CurationFilter.returns_memory  # the others keep Arrow's faster pool
     before = pa.default_memory_pool().backend_name
     with returning_memory():
         pool = pa.default_memory_pool()
         assert pool.backend_name in ("jemalloc", "system")
+        held = pool.bytes_allocated()
+        table = read_shard("test", shard_path(root, "train", 0))
+        text_bytes = sum(len(t.encode()) for t in table.column("text").to_pylist())
+        while_held = pool.bytes_allocated()
+        assert while_held >= held + text_bytes
+        del table
+        gc.collect()
+        assert pool.bytes_allocated() <= while_held - text_bytes
     assert pa.default_memory_pool().backend_name == before
-    held = pool.bytes_allocated()
-    table = read_shard("test", shard_path(root, "train", 0))
-    text_bytes = sum(len(t.encode()) for t in table.column("text").to_pylist())
-    while_held = pool.bytes_allocated()
-    assert while_held >= held + text_bytes
-    assert pa.default_memory_pool().backend_name == before
-    del table
-    gc.collect()
-    assert pool.bytes_allocated() <= while_held - text_bytes

@@ -22,6 +22,7 @@ frozen dataclasses) and sums the counts per reason; `filter_step` makes that a s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -69,6 +70,10 @@ class CurationFilter(ABC):
     """The stage's name: in identity (`stage`), the result and every message."""
     kinds: tuple[str, ...] = ("parquet",)
     """The step's kind tags (the technologies it uses)."""
+    returns_memory: bool = False
+    """Whether the stage allocates Arrow memory from a pool that gives freed pages back at once
+    (`shards.returning_memory`): for a stage whose passes over every shard would otherwise keep memory that grows
+    with the corpus (fuzzy dedup), at some speed; the others keep Arrow's faster default pool."""
 
     @abstractmethod
     def identity(self) -> dict[str, Any]:
@@ -125,10 +130,10 @@ def rewrite_shard(output_path: str, chosen: CurationFilter, shard: Shard) -> dic
 
 def run_filter(output_path: str, dataset_path: str, chosen: CurationFilter, workers: int = 1) -> CurationResult:
     """`dataset_path`'s shards without the rows `chosen` removes, written to `output_path`: prepared, then
-    every shard rewritten (resumable, up to `workers` at once on Ray), counted per reason. Arrow's memory is
-    handed back as it is freed (`returning_memory`): what a stage holds is bounded by a shard, not the corpus."""
+    every shard rewritten (resumable, up to `workers` at once on Ray), counted per reason (on the returning pool
+    where the filter `returns_memory`)."""
     shards = list_shards(chosen.name, dataset_path)
-    with returning_memory():
+    with returning_memory() if chosen.returns_memory else contextlib.nullcontext():
         deciding = chosen.prepare(output_path, shards, workers)
         outcomes = run_phase(output_path, SHARDS_PHASE, shards,
                              functools.partial(rewrite_shard, output_path, deciding),

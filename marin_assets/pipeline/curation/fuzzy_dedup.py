@@ -182,6 +182,7 @@ class FuzzyDedup(CurationFilter):
     clustered: Clustered | None = None
     """Set by `prepare`: which rows go."""
     name = STAGE
+    returns_memory = True  # bands, sets and verification pass over every shard (`CurationFilter.returns_memory`)
 
     def __post_init__(self) -> None:
         defaults = CHAR_DEFAULTS if self.shingles == "char" else WORD_DEFAULTS

@@ -6,9 +6,9 @@ and `source` (`file:line` it came from); a stage keeps every other column it doe
 Everything a stage needs besides its output (per-shard stats, claims, intermediate hash buckets)
 lives under `{output}/_work/`, which the tokenize step's split discovery does not read.
 Shards are written whole and renamed into place, so a reader never sees a partial one.
-Shards are read and written on an Arrow memory pool that hands freed memory back at once
-(`returning_memory`); a stage that works shard after shard in one process hands back what malloc keeps
-between them (`hand_back_memory`).
+A stage whose passes would keep memory growing with the corpus reads and writes on an Arrow pool that hands
+freed memory back at once (`returning_memory`) and hands back what malloc keeps between shards
+(`hand_back_memory`).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def read_shard(stage: str, path: str, columns: Sequence[str] | None = None) -> p
     """A whole shard (or some of its columns); an unreadable file or a missing column names the file."""
     wanted = list(columns) if columns is not None else list(REQUIRED)
     try:
-        with returning_memory(), fsspec.open(path, "rb") as f:
+        with fsspec.open(path, "rb") as f:
             parquet = pq.ParquetFile(f)
             names = parquet.schema_arrow.names
             missing = [c for c in wanted if c not in names]
@@ -165,8 +165,7 @@ def read_shard(stage: str, path: str, columns: Sequence[str] | None = None) -> p
 def write_shard(table: pa.Table, path: str) -> None:
     """Write a shard whole (zstd parquet) and move it into place: never seen half-written."""
     buffer = io.BytesIO()
-    with returning_memory():
-        pq.write_table(table, buffer, compression="zstd", row_group_size=8192)
+    pq.write_table(table, buffer, compression="zstd", row_group_size=8192)
     atomic_write(path, buffer.getvalue())
 
 
