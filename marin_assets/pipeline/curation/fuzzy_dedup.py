@@ -29,7 +29,8 @@ each item's outcome at `_work/{phase}/{key}.json` beside its data; the first fiv
 
 Memory is bounded by a shard, not the corpus, besides what is inherent (a bucket's band records in phase 2,
 the candidate and verified pairs): Arrow allocates from a pool that returns freed memory
-(`shards.returning_memory`), and malloc's free memory is handed back after every item (`_handing_back`).
+(`shards.returning_memory`, switched by `filters.run_filter` since `returns_memory` is set), and malloc's free
+memory is handed back after every item (`_handing_back`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ from marin_assets.pipeline.curation.shards import (
     CurationError,
     Shard,
     hand_back_memory,
-    returning_memory,
     work_path,
 )
 from marin_assets.pipeline.curation.shingles import CHAR_NGRAMS, KINDS, NORMALIZATION, Shingling
@@ -224,12 +224,8 @@ class FuzzyDedup(CurationFilter):
                                   self.window)
 
     def prepare(self, output_path: str, shards: Sequence[Shard], workers: int) -> FuzzyDedup:
-        """Phases 1 to 5: candidate pairs from MinHash bands, verified on the text, clustered (Arrow's memory
-        handed back as it is freed: `returning_memory`)."""
-        with returning_memory():
-            return self._prepare(output_path, shards, workers)
-
-    def _prepare(self, output_path: str, shards: Sequence[Shard], workers: int) -> FuzzyDedup:
+        """Phases 1 to 5: candidate pairs from MinHash bands, verified on the text, clustered (on the returning
+        pool: `run_filter` switches it for a filter that `returns_memory`)."""
         keys = [s.key for s in shards]
         buckets = self.buckets
         num_perm, bands, threshold, window = self.num_perm, self.bands, self.threshold, self.window
