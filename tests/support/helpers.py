@@ -4,7 +4,8 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from marin_assets.core.lease import LeaseSettings
@@ -13,6 +14,17 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 FAST = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.5, poll_interval=0.05)
 """Lease timing for tests: a dead holder is noticed in 1.5 s."""
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 120.0, interval: float = 0.01):
+    """Poll `condition` until it returns something truthy, and return that. `timeout` is a bound against a
+    hang, not a timing assertion: it fails the test (AssertionError naming `what`) only if the condition never
+    comes; on a loaded machine it simply comes later."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(interval)
+    return value
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
