@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from marin_assets import Resources, Step, StepDefinitionError, materialize_step
+from marin_assets.core.decision import Action, decide
 from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.core.status import Status
 from marin_assets.core.step import walk
@@ -29,7 +29,7 @@ from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step, existing_tokenizer_step
 from marin_assets.pipeline.training.pretrain import train_step
 from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
-from tests.support.helpers import FAST, ROOT, corpus_and_tokenizer
+from tests.support.helpers import FAST, ROOT, corpus_and_tokenizer, wait_for
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
 
 DOCS = ROOT / "docs" / "bad-input.md"
@@ -402,7 +402,8 @@ def test_a_full_disk_during_a_write(small_disk):
     assert snapshot(neighbour_out) == before and read_status(neighbour_out).status is Status.SUCCESS
     # A full disk may not even take the FAILED mark: the lease then goes stale and the next
     # materialization, with room to write, takes it over.
-    time.sleep(FAST.stale_timeout)
+    wait_for(lambda: decide(read_status(big.output_path_under(prefix)), FAST.stale_timeout).action is Action.RUN,
+             "the failed attempt's status to be FAILED or its lease stale", interval=0.05)
     os.remove(os.path.join(big.output_path_under(prefix), "big.bin"))  # the operator frees space
     fits = Step(name="raw/big", fn=functools.partial(write_megabytes, 1), hash_attrs={"mb": 4})
     outcome = materialize_step(fits, prefix=prefix, settings=FAST)

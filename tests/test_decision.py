@@ -23,6 +23,7 @@ from marin_assets.core.plan import plan
 from marin_assets.core.status import Status, StatusRecord
 from marin_assets.core.step import Step
 from marin_assets.core.stores import read_status, status_store
+from tests.support.helpers import wait_for
 
 SETTINGS = LeaseSettings(heartbeat_interval=0.2, stale_timeout=1.0, poll_interval=0.05)
 NOW = 1_000_000.0
@@ -111,16 +112,38 @@ def test_a_live_holder_is_waited_for_by_the_plan_the_lease_and_a_dependent(prefi
         acquire(status_store(out), SETTINGS, deadline=time.time() + 0.3)
 
     # The holder finishes while the dependent waits: the dependent then runs on its output.
+    said = Said()
+    dependent_log = logging.getLogger("test_decision.dependent")
+    dependent_log.addHandler(said)
+    dependent_log.setLevel(logging.INFO)
+
     def finish_later():
-        time.sleep(4 * SETTINGS.stale_timeout)  # outlives the stale timeout: only heartbeats keep it live
+        wait_for(lambda: any("waiting for dependency d/up" in m for m in said.messages), "the dependent waiting")
+        # held well past the stale timeout while the dependent waits (a span the test needs, not a wait for
+        # something): only the heartbeats keep the lease live
+        time.sleep(4 * SETTINGS.stale_timeout)
         compute_and_commit(upstream, out, prefix, lease, run_in_process, None, logging.getLogger(), False)
 
     holder = threading.Thread(target=finish_later, daemon=True)
     holder.start()
-    outcome = materialize_step(downstream, prefix=prefix, settings=SETTINGS)
+    try:
+        outcome = materialize_step(downstream, prefix=prefix, settings=SETTINGS, log=dependent_log)
+    finally:
+        dependent_log.removeHandler(said)
     holder.join()
     assert not outcome.cached
     assert calls == ["d/up", "d/down"]
+
+
+class Said(logging.Handler):
+    """The messages a logger gave."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 @pytest.mark.parametrize("state", ["missing", "failed", "stale"])

@@ -13,11 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from marin_assets import materialize_step
+from marin_assets.core.decision import Action, decide
 from marin_assets.core.lease import Lease, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.status import Status, StatusRecord
 from marin_assets.core.step import Step
 from marin_assets.core.stores import read_status, status_store
-from tests.support.helpers import FAST, ROOT
+from tests.support.helpers import FAST, ROOT, wait_for
 
 
 def start_worker(prefix, events, sleep, env):
@@ -71,7 +72,9 @@ def stale_writer_refused_and_robbed_holder_cannot_succeed(prefix, store_type):
     settings = LeaseSettings(heartbeat_interval=0.2, stale_timeout=0.5, poll_interval=0.05)
     victim = acquire(store_type(victim_path), settings, run_id="victim")
     assert isinstance(victim, Lease)
-    time.sleep(0.6)  # its heartbeat is stale (no heartbeat thread started): another process takes over
+    # no heartbeat thread started: its heartbeat goes stale, and another process takes over
+    wait_for(lambda: decide(store_type(victim_path).read()[0], settings.stale_timeout).action is Action.RUN,
+             "the victim's lease going stale")
     thief = acquire(store_type(victim_path), settings, run_id="thief")
     assert isinstance(thief, Lease) and thief.took_over is not None
     with pytest.raises(LeaseLostError):
