@@ -26,13 +26,12 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
-# The instance's dagster.yaml: no telemetry, and no "Join the Dagster community" modal (nux) on the
-# UI's first visit, so `make dev` opens on the asset graph. A file that exists keeps its settings;
-# one written before nux was set gains the key.
+# The instance's dagster.yaml (marin_assets/dagster/instance.py): no telemetry, no "Join the Dagster community"
+# modal (nux) on the UI's first visit, so `make dev` opens on the asset graph, and the run queue's and run
+# retries' settings that keep queued work through a daemon restart or a slow code server. A file that exists
+# keeps its settings and gains the keys it lacks.
 define instance_yaml
-	mkdir -p $(dir $(1))
-	test -f $(1) || printf 'telemetry:\n  enabled: false\nnux:\n  enabled: false\n' > $(1)
-	grep -q '^nux:' $(1) || printf '\nnux:\n  enabled: false\n' >> $(1)
+	$(BIN)/python -m marin_assets.dagster.instance $(1)
 endef
 
 # Dagster's CLI (and dg) loads ./.env before its instance: plain `.venv/bin/dagster dev`, `dg dev` or

@@ -83,7 +83,9 @@ def prefix(tmp_path, monkeypatch):
 def dagster_home(tmp_path, monkeypatch):
     home = tmp_path / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    from marin_assets.dagster.instance import write_instance_yaml
+
+    write_instance_yaml(home / "dagster.yaml")  # the project's instance settings (marin_assets/dagster/instance.py)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     return home
 

@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 import yaml
 
+from marin_assets.dagster import instance
 from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env
 from tests.support.servers import free_port
 
@@ -48,8 +49,8 @@ def env(tmp_path_factory):
 def test_the_instance_the_makefile_writes_has_no_signup_modal(tmp_path):
     new = tmp_path / "new"
     make(f"DAGSTER_HOME={new}", f"{new}/dagster.yaml")
-    assert yaml.safe_load((new / "dagster.yaml").read_text()) == {"telemetry": {"enabled": False},
-                                                                  "nux": {"enabled": False}}
+    assert yaml.safe_load((new / "dagster.yaml").read_text()) == instance.LOCAL
+    assert instance.LOCAL["nux"] == {"enabled": False}
     assert nux_enabled(new) is False
 
     old = tmp_path / "old"  # an instance made before nux was set: it keeps its settings and gains the key
@@ -59,17 +60,18 @@ def test_the_instance_the_makefile_writes_has_no_signup_modal(tmp_path):
     os.utime(old / "dagster.yaml", (0, 0))  # older than the Makefile: make remakes it
     make(f"DAGSTER_HOME={old}", f"{old}/dagster.yaml")
     assert yaml.safe_load((old / "dagster.yaml").read_text()) == {"telemetry": {"enabled": False}, "retention": {},
-                                                                  "nux": {"enabled": False}}
+                                                                  **instance.RELIABILITY, "nux": {"enabled": False}}
     assert nux_enabled(old) is False
 
     # The `.env` rule writes the project-local instance (`.dagster_home/`): run it in a copy of the Makefile.
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
-    make(".env", cwd=tmp_path)
+    make(".env", f"BIN={BIN}", cwd=tmp_path)
     assert nux_enabled(tmp_path / ".dagster_home") is False
     assert (tmp_path / ".env").read_text() == f"DAGSTER_HOME=${{DAGSTER_HOME:-{tmp_path}/.dagster_home}}\n"
 
     deploy = yaml.safe_load((ROOT / "deploy" / "dagster.yaml").read_text())  # the production instance too
     assert deploy["nux"] == {"enabled": False}
+    assert {key: deploy[key] for key in instance.RELIABILITY} == instance.RELIABILITY
 
 
 def test_dg_checks_and_lists_the_definitions_dagster_loads(env):

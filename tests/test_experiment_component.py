@@ -19,6 +19,7 @@ from marin_assets.core.step import Step, walk
 from marin_assets.dagster.components import LanguageModelExperiment, yaml_experiments
 from marin_assets.dagster.components.scaffold import ExperimentScaffolder, ScaffoldParams
 from marin_assets.dagster.components.settings import Model, Optimizer, Trainer
+from marin_assets.dagster.instance import write_instance_yaml
 from marin_assets.pipeline.data.download import hf_download_step, url_download_step
 from marin_assets.pipeline.evals.loss import EvalResult, evaluate_step
 from marin_assets.pipeline.reports.sweep import lr_model_sweep
@@ -191,7 +192,7 @@ telemetry.enabled = false
         "defs = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n")
     home = root / "home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    write_instance_yaml(home / "dagster.yaml")
     env = subprocess_env(DAGSTER_HOME=str(home), MARIN_PREFIX=str(root / "outputs"))
     env["PYTHONPATH"] = f"{root}:{env['PYTHONPATH']}"
     return root, env

@@ -15,6 +15,7 @@ import dagster as dg
 import pytest
 
 from marin_assets.dagster.console import LOSS_LINES, RunPresenter
+from marin_assets.dagster.instance import write_instance_yaml
 from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env
 from tests.support.quiet_definitions import CHATTY_LINES
 
@@ -33,7 +34,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("quiet")
     home = tmp / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    write_instance_yaml(home / "dagster.yaml")
     env = subprocess_env(DAGSTER_HOME=str(home), MARIN_PREFIX=str(tmp / "outputs"))
     done = {"env": env, "home": home}
     done["status_before"] = cli(env, "status", "--select", "*")

@@ -18,6 +18,7 @@ import pytest
 from marin_assets import Step, StepDefinitionError, build_definitions, load_result, materialize_step
 from marin_assets.core.record import read_record
 from marin_assets.core.step import walk
+from marin_assets.dagster.instance import write_instance_yaml
 from marin_assets.pipeline.tokens.chat import chat_tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.training import levanter_rl
@@ -216,7 +217,7 @@ def served(pipeline, trained, local_ray, tmp_path_factory):
     """The RL step and its export materialized through Dagster, twice: the RL step is a cache hit both times, the
     export computed the first time."""
     home = tmp_path_factory.mktemp("dagster_home")
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    write_instance_yaml(home / "dagster.yaml")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DAGSTER_HOME", str(home))
         mp.setenv("MARIN_PREFIX", pipeline.prefix)

@@ -14,6 +14,7 @@ from pathlib import Path
 import dagster as dg
 
 from marin_assets.core.record import read_record
+from marin_assets.dagster.instance import write_instance_yaml
 from marin_assets.pipeline.data.corpus import corpus_step
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
@@ -118,7 +119,7 @@ def test_wandb_offline_and_tensorboard_hold_the_json_losses_and_the_key_is_writt
     home, prefix = tmp_path / "home", tmp_path / "outputs"
     ray_tmp = Path(tempfile.mkdtemp(prefix="mrt-", dir="/tmp"))  # short: Ray's socket paths have a length limit
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    write_instance_yaml(home / "dagster.yaml")
     env = subprocess_env(DAGSTER_HOME=str(home), MARIN_PREFIX=str(prefix), TMPDIR=str(ray_tmp),
                          WANDB_MODE="offline", WANDB_API_KEY=WANDB_KEY, WANDB_SILENT="true")
     run = subprocess.run([str(BIN / "dagster"), "asset", "materialize", "-f", str(tmp_path / "defs.py"),

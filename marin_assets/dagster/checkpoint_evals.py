@@ -31,6 +31,7 @@ from marin_assets.core.record import RecordNotAvailableError, read_record
 from marin_assets.dagster.assets import Partitioned, step_asset, storage_settings
 from marin_assets.dagster.freshness import CHECKPOINT_EVALS_FRESHNESS
 from marin_assets.dagster.naming import asset_key
+from marin_assets.dagster.resubmit import MAX_ATTEMPTS, resubmit_lost
 from marin_assets.pipeline.evals.steps import CheckpointEvals
 from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
 from resources.storage import StorageResource
@@ -89,11 +90,15 @@ def checkpoint_sensor(
     name: str = "marin_checkpoint_evals",
     minimum_interval_seconds: int = 60,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
+    max_resubmits: int = MAX_ATTEMPTS,
 ) -> dg.SensorDefinition:
     """Request one evaluation per new complete, permanent checkpoint of each watched training run.
 
     The cursor keeps the checkpoint steps seen per training identity, so a restarted daemon
-    neither repeats nor misses one; run keys make a repeat impossible even without it.
+    neither repeats nor misses one; run keys make a repeat impossible even without it. A request
+    whose run was lost before its evaluation ran (the daemon or the code server went down while it
+    was dequeued or launched, its run worker died) is asked again, at most `max_resubmits` times,
+    tagged `marin/resubmitted` (`marin_assets.dagster.resubmit`); a failed evaluation is not.
     Temporary checkpoints (saved by time, deleted at the next save) are seen but not evaluated.
     Families evaluating one training run (its losses and its lm-eval tasks) share its partitions
     and get one run per checkpoint that materializes all of them.
@@ -124,6 +129,7 @@ def checkpoint_sensor(
                                        partition_key=str(s), tags={CHECKPOINT_TAG: str(s)}) for s in new]
             if found:
                 seen[name] = sorted(known | set(found))
+        runs += resubmit_lost(context, name, max_resubmits)
         return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=partitions,
                                cursor=json.dumps(seen, sort_keys=True),
                                skip_reason=None if runs else "no new complete checkpoints")

@@ -24,6 +24,7 @@ from marin_assets.core.step import Step, walk
 from marin_assets.dagster.assets import FORCE_TAG, storage_settings
 from marin_assets.dagster.freshness import FOLLOWED_SOURCE_FRESHNESS, followed_metadata
 from marin_assets.dagster.naming import asset_key
+from marin_assets.dagster.resubmit import MAX_ATTEMPTS, resubmit_lost
 from resources.storage import StorageResource
 
 SOURCE_VERSION_TAG = "marin/source_version"
@@ -55,9 +56,13 @@ def source_sensor(
     minimum_interval_seconds: int = 300,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
     freshness: dg.FreshnessPolicy | None = FOLLOWED_SOURCE_FRESHNESS,
+    max_resubmits: int = MAX_ATTEMPTS,
 ) -> dg.SensorDefinition:
     """Watch the changing sources among `steps` (and their deps); refresh them and, with
     `include_downstream`, everything built from them.
+
+    A refresh whose run was lost before it ran (the daemon or code server down, its run worker dead) is
+    asked again, at most `max_resubmits` times, tagged `marin/resubmitted` (`marin_assets.dagster.resubmit`).
 
     `freshness`: how often each followed source is expected to bring a new version — the policy its asset
     shows when this sensor is served by `build_definitions` (None: no policy)."""
@@ -100,6 +105,7 @@ def source_sensor(
                 tags={FORCE_TAG: step.name, SOURCE_VERSION_TAG: now},
             ))
             requested[step.name_with_hash] = now
+        runs += resubmit_lost(context, name, max_resubmits)
         return dg.SensorResult(run_requests=runs, cursor=json.dumps(requested, sort_keys=True),
                                skip_reason=None if runs else f"{len(watched)} source(s) unchanged")
 
