@@ -10,6 +10,8 @@ duplicate commit, and the token reaches the hub on every write but no record, lo
 import hashlib
 import math
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,7 +39,8 @@ from marin_assets.pipeline.training.export import export_step
 from marin_assets.pipeline.training.pretrain import train_step
 from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
-from tests.support.helpers import output_files
+from tests.support import hub_upload_worker
+from tests.support.helpers import FAST, ROOT, output_files, subprocess_env, wait_for
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
 
 TOKEN = "hf_uploadSecretQz7Wx3Lk9Vb2Nm4Rt6"
@@ -170,6 +173,70 @@ def test_an_interrupted_upload_resumes_without_duplicate_commits(made, hub):
     # LFS objects of the commit that failed had reached the hub: none was sent twice.
     sent = lfs_puts(hub)
     assert len(sent) == len(set(sent)) and len(sent_before) < len(sent)
+
+
+@pytest.mark.parametrize("moment", ["mid-transfer", "commit-in-flight"])
+def test_an_upload_killed_mid_way_leaves_no_success_and_its_retry_completes_the_repo(hub, tmp_path, moment):
+    """SIGKILL the process uploading, at a moment the hub emulator holds for it: part-way through sending the
+    large LFS file (after its first MiB arrived), or with a commit fully sent but not yet applied (it lands
+    after its sender died). No success is recorded; the retry takes the dead attempt's lease over, sends only
+    what the branch lacks, and the repo ends holding exactly the source, every file committed once."""
+    prefix = str(tmp_path / "outputs")
+    repo_id = f"user/killed-{moment}"
+    source = materialize_step(hub_upload_worker.source_step(), prefix=prefix, settings=FAST)
+    source_files = output_files(source.output_path)
+    big_sha = hashlib.sha256(source_files["big.bin"]).hexdigest()
+    if moment == "mid-transfer":
+        hub.pause_puts_after = 2**20
+    else:
+        hub.hold_commits_after = 1  # the commit after the first: big.bin and c.txt, its LFS object already sent
+    held = hub.put_paused if moment == "mid-transfer" else hub.commit_held
+    log = tmp_path / "worker.log"
+    with open(log, "w") as sink:
+        worker = subprocess.Popen([sys.executable, "-m", "tests.support.hub_upload_worker", prefix, repo_id],
+                                  cwd=ROOT, env=subprocess_env(HF_HOME=str(tmp_path / "hf-home")),
+                                  stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: held.is_set() or worker.poll() is not None, f"the upload reaching the {moment} hold")
+        assert worker.poll() is None, f"the upload ended before the {moment} hold:\n{log.read_text()[-3000:]}"
+        worker.kill()
+        worker.wait()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        hub.resume.set()
+    repo = hub.repos[("dataset", repo_id)]
+    if moment == "mid-transfer":  # the cut-off body is dropped, never stored as the object
+        wait_for(lambda: hub.incomplete_bodies == 1, "the hub reading the killed upload's body to its end")
+        assert big_sha not in hub.uploaded and hub.api_commits == 1
+    else:  # the commit the dead client sent lands all the same
+        wait_for(lambda: hub.api_commits == 2, "the held commit landing")
+    landed = len(repo.history(repo.head)) - 1
+    assert landed == (1 if moment == "mid-transfer" else 2)
+
+    # The killed attempt left its lease (RUNNING, its holder dead) and no success: no record, no check to pass.
+    upload = hub_upload_worker.upload_step(repo_id)
+    out = upload.output_path_under(prefix)
+    killed = read_status(out)
+    assert killed.status is Status.RUNNING and f":{worker.pid}:" in killed.holder
+    with pytest.raises(RecordNotAvailableError):
+        read_record(out)
+
+    retried = materialize_step(upload, prefix=prefix, settings=FAST)
+    assert not retried.cached and retried.took_over.startswith(f"stale RUNNING by {killed.holder}")
+    assert read_status(out).status is Status.SUCCESS
+    result = load_result(out, HubUpload)
+    skipped = {"mid-transfer": 2, "commit-in-flight": 4}[moment]
+    assert (result.files_skipped, result.files_uploaded) == (skipped, 6 - skipped)
+    assert len(result.commits) == 3 - landed and run_check(BRANCH_HOLDS_FILES, out, retried.record.result).passed
+    assert repo.files() == {**source_files, ".gitattributes": repo.files()[".gitattributes"]}
+    history = repo.history(repo.head)
+    assert len(history) == 1 + 3 and history[0].sha == result.revision
+    changed = [p for c in history[:-1] for p in repo.changed_paths(c.sha)]
+    assert sorted(changed) == sorted(source_files)  # every file committed exactly once
+    puts = lfs_puts(hub)  # the cut-off PUT of big.bin and the retry's; or only the killed attempt's
+    assert puts == [big_sha] * (2 if moment == "mid-transfer" else 1)
 
 
 def test_a_hub_cache_of_unknown_tokenizer_is_refused_before_it_is_copied(made, hub):

@@ -49,7 +49,12 @@ Writes, as `HfApi.create_repo` / `create_branch` / `create_commit` / `preupload_
                                                           would cache under HF_HOME)
 
 `HubServer(fail_commits_after=k)` answers every commit after the k-th with 503 (an outage: the
-client does not retry commits), to test resuming an interrupted upload; `uploaded` holds the LFS
+client does not retry commits), to test resuming an interrupted upload. Two holds give a test a moment to
+kill the uploading client at: `pause_puts_after=n` stops reading the first LFS upload (PUT) once n bytes of
+it arrived (`put_paused` is set), `hold_commits_after=k` holds the commit after the k-th, fully received,
+before applying it (`commit_held`); both go on when `resume` is set. A body cut short (the client went away
+mid-send) is never acted on (`incomplete_bodies` counts them), and a client gone before its answer is not an
+error. `uploaded` holds the LFS
 objects received, `api_commits` counts commits made through the API.
 
 A revision is a branch, a tag, a full 40-hex commit sha, or `refs/heads/X` / `refs/tags/X`; the
@@ -73,6 +78,8 @@ import http.server
 import json
 import mimetypes
 import re
+import socket
+import sys
 import threading
 import traceback
 import uuid
@@ -338,7 +345,8 @@ class HubServer:
     """The emulated Hub: `with HubServer([repo]) as hub: hub.url`. Repos can be added while it runs."""
 
     def __init__(self, repos=(), *, page_size: int | None = None, lfs_redirect: bool = True,
-                 write_tokens: Collection[str] | None = None, fail_commits_after: int | None = None):
+                 write_tokens: Collection[str] | None = None, fail_commits_after: int | None = None,
+                 pause_puts_after: int | None = None, hold_commits_after: int | None = None):
         """`repos`: HubRepo objects, or a mapping of dataset repo id -> HubRepo or {path: bytes}.
         `write_tokens`: the tokens that may write (None: any bearer token); `fail_commits_after`: the
         number of API commits after which every commit gets a 503 (None: never)."""
@@ -354,6 +362,15 @@ class HubServer:
         self.fail_commits_after = fail_commits_after
         self.api_commits = 0
         """Commits made through the commit API."""
+        self.pause_puts_after = pause_puts_after
+        """Bytes of the first LFS upload (PUT) after which reading it stops until `resume` (None: never)."""
+        self.hold_commits_after = hold_commits_after
+        """API commits after which the next commit, fully received, waits for `resume` before it is applied."""
+        self.put_paused = threading.Event()
+        self.commit_held = threading.Event()
+        self.resume = threading.Event()
+        self.incomplete_bodies = 0
+        """Requests whose body ended early (the client went away mid-send): recorded, never acted on."""
         self.uploaded: dict[str, bytes] = {}
         """LFS objects received (sha256 -> content), committed or not."""
         self._signatures: dict[str, str] = {}
@@ -361,7 +378,7 @@ class HubServer:
         self._write_lock = threading.Lock()
         self.requests: list[RecordedRequest] = []
         self.errors: list[str] = []
-        self._server: http.server.ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     def add(self, repo: HubRepo) -> HubRepo:
@@ -391,13 +408,14 @@ class HubServer:
 
     def start(self) -> Self:
         handler = type("BoundHubHandler", (_Handler,), {"hub": self})
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server = _Server(("127.0.0.1", 0), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="hub-server", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        self.resume.set()  # a held request goes on (its client is gone or done)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -473,6 +491,12 @@ def release_hub() -> None:
     HfFileSystem.clear_instance_cache()
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client killed mid-request: expected here
+            super().handle_error(request, client_address)
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     hub: HubServer
     protocol_version = "HTTP/1.1"  # keep-alive, like the Hub; every response has a Content-Length
@@ -480,6 +504,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+    def setup(self):
+        super().setup()
+        if self.hub.pause_puts_after is not None:  # a small window: a paused PUT's bytes stay with its sender
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 * 1024)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -497,28 +526,65 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         self.hub.requests.append(RecordedRequest(method, self.path, {k.lower(): v for k, v in self.headers.items()}))
-        self.body = self._read_body()
         try:
-            self._route(method)
-        except HubError as e:
-            self._json({"error": e.message}, status=e.status,
-                       headers={"X-Error-Code": e.code, "X-Error-Message": e.message} if e.code
-                       else {"X-Error-Message": e.message})
+            self.body, complete = self._read_body()
+            if not complete:  # the client went away mid-send: nothing to act on, no one to answer
+                with self.hub._write_lock:
+                    self.hub.incomplete_bodies += 1
+                self.close_connection = True
+                return
+            try:
+                self._route(method)
+            except HubError as e:
+                self._json({"error": e.message}, status=e.status,
+                           headers={"X-Error-Code": e.code, "X-Error-Message": e.message} if e.code
+                           else {"X-Error-Message": e.message})
+        except ConnectionError:  # the client went away before its answer (killed): not an error here
+            self.close_connection = True
         except Exception:  # noqa: BLE001 - recorded, and answered so the client fails fast
             self.hub.errors.append(f"{method} {self.path}\n{traceback.format_exc()}")
             self._json({"error": "hub emulator bug, see HubServer.errors"}, status=400)
 
-    def _read_body(self) -> bytes:
+    def _read_body(self) -> tuple[bytes, bool]:
+        """The body, and whether all of it came (a client killed mid-send leaves it short)."""
+        self._body_bytes = 0
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             parts = []
-            while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)) > 0:
-                parts.append(self.rfile.read(size))
+            while True:
+                line = self.rfile.readline()
+                if not line:
+                    return b"".join(parts), False
+                size = int(line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    break
+                parts.append(self._read_exactly(size))
+                if len(parts[-1]) < size:
+                    return b"".join(parts), False
                 self.rfile.readline()
             while self.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
                 pass
-            return b"".join(parts)
+            return b"".join(parts), True
         length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else b""
+        body = self._read_exactly(length)
+        return body, len(body) == length
+
+    def _read_exactly(self, size: int) -> bytes:
+        """Up to `size` bytes (fewer at the end of the stream), in pieces; the first LFS upload to pass
+        `pause_puts_after` bytes pauses there until `resume`."""
+        pieces, got = [], 0
+        while got < size:
+            piece = self.rfile.read(min(size - got, 256 * 1024))
+            if not piece:
+                break
+            pieces.append(piece)
+            got += len(piece)
+            self._body_bytes += len(piece)
+            hub = self.hub
+            if (self.command == "PUT" and hub.pause_puts_after is not None and self._body_bytes >= hub.pause_puts_after
+                    and not hub.put_paused.is_set()):
+                hub.put_paused.set()
+                hub.resume.wait()
+        return b"".join(pieces)
 
     def _send(self, status: int, body: bytes, headers: dict[str, str], head: bool = False) -> None:
         self.send_response(status)
@@ -853,6 +919,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             else:
                 raise HubError(400, None, f"unknown commit operation {key!r}")
         branch = revision[len("refs/heads/"):] if revision.startswith("refs/heads/") else revision
+        hub = self.hub
+        if (hub.hold_commits_after is not None and hub.api_commits >= hub.hold_commits_after
+                and not hub.commit_held.is_set()):
+            hub.commit_held.set()
+            hub.resume.wait()
         with repo._lock, self.hub._write_lock:
             if branch not in repo.branches:
                 self._commit(repo, revision)  # 404 RevisionNotFound if unknown
