@@ -31,7 +31,7 @@ from marin_assets.core.gc import Deletion, StepFamily, delete_garbage, find_garb
 from marin_assets.core.plan import plan
 from marin_assets.core.priced_plan import plan_price_lines, price_plan
 from marin_assets.core.prices import PriceFileError, PriceTable
-from marin_assets.core.pricing import over_budget
+from marin_assets.core.pricing import over_budget, unpriced, unpriced_words
 from marin_assets.core.step import Step, walk
 from marin_assets.core.stores import read_status
 from marin_assets.dagster.assets import STORAGE_KEY, Partitioned, storage_settings
@@ -99,13 +99,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"marin-assets plan: {e}", file=sys.stderr)
         return 2
     priced = price_plan(rows, steps, prefix, prices)
-    refused = over_budget(priced, args.max_device_hours, args.max_cost)
+    refused = over_budget(priced, args.max_device_hours, args.max_cost, args.refuse_unpriced)
+    budgeted = args.max_device_hours is not None or args.max_cost is not None or args.refuse_unpriced
+    missing = unpriced(priced, args.max_device_hours, args.max_cost) if budgeted else []
     if args.json:
         by_step = {p.step: p.to_dict() for p in priced.predictions}
         print(json.dumps({"rows": [{**r.to_dict(), "prediction": by_step.get(r.asset_key)} for r in rows],
                           "totals": priced.totals, "prices": prices.to_dict(),
                           "budget": {"max_device_hours": args.max_device_hours, "max_cost": args.max_cost,
-                                     "refused": refused}}, indent=2))
+                                     "refuse_unpriced": args.refuse_unpriced,
+                                     "unpriced": [p.step for p in missing], "refused": refused}}, indent=2))
     else:
         width = max(len(r.asset_key) for r in rows)
         for r in rows:
@@ -119,6 +122,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if refused:
         print(f"marin-assets plan: over budget: {refused}", file=sys.stderr)
         return 3
+    if missing:
+        print(f"marin-assets plan: budget: {unpriced_words(missing)}; they count 0 against it (--refuse-unpriced"
+              " refuses them)", file=sys.stderr)
     return 0
 
 
@@ -421,6 +427,9 @@ def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit 3 if what would run is predicted to take more device-hours")
     parser.add_argument("--max-cost", type=float, metavar="AMOUNT",
                         help="exit 3 if what would run is predicted to cost more (in the price table's currency)")
+    parser.add_argument("--refuse-unpriced", action="store_true",
+                        help="exit 3 if a step that would run could not be priced (by default such steps count 0"
+                             " against the budget and are named)")
 
 
 def add_verbose_argument(parser: argparse.ArgumentParser) -> None:

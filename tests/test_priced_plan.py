@@ -135,7 +135,8 @@ def test_each_basis_of_a_prediction(tmp_path):
     assert [p.step for p in priced.most_expensive()] == ["t/trains", "t/reads"]
     refused = over_budget(priced, max_device_hours=0.1)
     assert refused.startswith("the plan's 3 step(s) to run predict") and "most expensive: t/trains (" in refused
-    assert refused.endswith("; 1 step(s) have no prediction and count 0")
+    assert refused.endswith("; 1 step(s) could not be priced: t/bare (no work model, and no earlier export step on"
+                            " cpu); they count 0")
     assert over_budget(priced, max_device_hours=1e6, max_cost=1e9) is None
 
 
@@ -333,3 +334,110 @@ def test_a_run_tag_refuses_a_dagster_run_before_any_work_and_the_metadata_shows_
     words = shown["prediction_error"].text
     assert words.endswith("(measured)") and "wall time: predicted" in words
     assert shown["predicted_compute_s"].value == pytest.approx(compared["predicted"]["wall_s"], abs=1e-3)
+
+
+WRONG_TYPES = [
+    ("per_device_hour = 0.05\n", "per_device_hour = 0.05 must be a table", "found a number"),
+    ("peak_flops = [1e10]\n", "peak_flops = [10000000000.0] must be a table", "found an array"),
+    ("assumed_mfu = true\n", "assumed_mfu = True is not a fraction", "expected a number, found a boolean"),
+    ('replace_defaults = "false"\n', "replace_defaults = 'false' must be a boolean", "found a string"),
+    ("currency = 5\n", "currency = 5 must be a string", "found a number"),
+    ("[per_device_hour]\nh100 = true\n", "[per_device_hour] h100 = True is not a non-negative number",
+     "found a boolean"),
+]
+
+
+@pytest.mark.parametrize(("text", "names", "found"), WRONG_TYPES,
+                         ids=["table-as-number", "table-as-array", "mfu-as-bool", "flag-as-string",
+                              "currency-as-number", "bool-as-price"])
+def test_a_price_file_entry_of_a_wrong_type_is_an_error_naming_the_file_and_key(tmp_path, monkeypatch, capsys,
+                                                                                dagster_home, text, names, found):
+    from marin_assets.dagster.budget import MAX_DEVICE_HOURS_TAG, PRICES_TAG
+
+    path = tmp_path / "prices.toml"
+    path.write_text(text)
+    with pytest.raises(PriceFileError) as raised:
+        PriceTable.load(str(path))
+    assert str(raised.value).startswith(f"price file {path}: {names}") and found in str(raised.value)
+
+    prefix = str(tmp_path / "outputs")
+    monkeypatch.setenv("P", prefix)
+    monkeypatch.setenv("HELLO_N", "10")
+    (tmp_path / "defs.py").write_text(HELLO)
+    capsys.readouterr()
+    assert cli_main(["plan", "-f", str(tmp_path / "defs.py"), "--select", "*", "--prices", str(path)]) == 2
+    assert f"marin-assets plan: price file {path}: {names}" in capsys.readouterr().err
+
+    numbers, stats = hello(10)
+    job = build_definitions([stats], resources={"storage": StorageResource(prefix=prefix)}
+                            ).resolve_implicit_global_asset_job_def()
+    run = job.execute_in_process(instance=dg.DagsterInstance.get(), raise_on_error=False,
+                                 tags={MAX_DEVICE_HOURS_TAG: "1", PRICES_TAG: str(path)})
+    failures = [str(e.event_specific_data.error) for e in run.all_events
+                if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert not run.success and failures
+    assert f"refused before any work by its budget tags: run tag marin/prices: price file {path}: {names}" \
+        in failures[0] and found in failures[0]
+    assert "AttributeError" not in failures[0]
+    assert read_status(numbers.output_path_under(prefix)) is None
+
+
+def test_a_budget_names_the_steps_it_could_not_price_and_refuses_them_when_asked(tmp_path, monkeypatch, capsys,
+                                                                                 dagster_home):
+    from marin_assets.dagster.budget import MAX_COST_TAG, MAX_DEVICE_HOURS_TAG, REFUSE_UNPRICED_TAG
+
+    prefix = str(tmp_path / "outputs")  # no earlier run: every step of the plan is `unknown`
+    monkeypatch.setenv("P", prefix)
+    monkeypatch.setenv("HELLO_N", "10")
+    monkeypatch.delenv("MARIN_PRICES", raising=False)
+    (tmp_path / "defs.py").write_text(HELLO)
+    args = ["plan", "-f", str(tmp_path / "defs.py"), "--select", "*", "--max-device-hours", "0", "--max-cost", "0"]
+    named = "2 step(s) could not be priced: t/numbers (no work model, and no earlier python step on cpu), t/stats ("
+
+    capsys.readouterr()
+    assert cli_main(args) == 0  # by default they count 0, as before, and are named
+    err = capsys.readouterr().err
+    assert f"marin-assets plan: budget: {named}" in err and "--refuse-unpriced refuses them" in err
+    assert cli_main([*args, "--refuse-unpriced"]) == 3
+    err = capsys.readouterr().err
+    assert f"over budget: {named}" in err and "--refuse-unpriced refuses a plan with any" in err
+    code, shown = plan_json(capsys, tmp_path / "defs.py", "--max-cost", "0", "--refuse-unpriced")
+    assert code == 3 and shown["budget"]["unpriced"] == ["t/numbers", "t/stats"] and shown["budget"]["refused"]
+    assert cli_main(["plan", "-f", str(tmp_path / "defs.py"), "--select", "*"]) == 0  # no budget: no budget words
+    assert "could not be priced" not in capsys.readouterr().err
+
+    numbers, stats = hello(10)
+    job = build_definitions([stats], resources={"storage": StorageResource(prefix=prefix)}
+                            ).resolve_implicit_global_asset_job_def()
+    instance = dg.DagsterInstance.get()
+    refused = job.execute_in_process(instance=instance, raise_on_error=False, tags={
+        MAX_DEVICE_HOURS_TAG: "0", MAX_COST_TAG: "0", REFUSE_UNPRICED_TAG: "true"})
+    failures = [str(e.event_specific_data.error) for e in refused.all_events
+                if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert not refused.success and failures and named in failures[0]
+    assert read_status(numbers.output_path_under(prefix)) is None
+    bad = job.execute_in_process(instance=instance, raise_on_error=False, tags={REFUSE_UNPRICED_TAG: "yes"})
+    assert not bad.success and "run tag marin/refuse-unpriced='yes' is not true or false" in str(
+        [e.event_specific_data.error for e in bad.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE])
+
+    allowed = job.execute_in_process(instance=instance, tags={MAX_DEVICE_HOURS_TAG: "0", MAX_COST_TAG: "0"})
+    assert allowed.success and read_status(stats.output_path_under(prefix)).status.value == "SUCCESS"
+    said = [e.user_message for e in instance.all_logs(allowed.run_id) if "could not be priced" in e.user_message]
+    assert said and said[0].startswith(f"budget: {named}") and f"{REFUSE_UNPRICED_TAG}=true" in said[0]
+
+
+def test_budget_words_name_the_first_unpriced_steps_and_count_the_rest(tmp_path):
+    from marin_assets.core.pricing import UNPRICED_SHOWN, unpriced, unpriced_words
+
+    bare = [Step(name=f"t/bare{i}", fn=lambda out: None, kind="export") for i in range(UNPRICED_SHOWN + 2)]
+    priced = price_steps(bare, str(tmp_path), PriceTable(), History(str(tmp_path)))
+    missing = unpriced(priced, max_cost=0)
+    words = unpriced_words(missing)
+    assert len(missing) == UNPRICED_SHOWN + 2 and words.endswith(" and 2 more")
+    assert f"t/bare{UNPRICED_SHOWN - 1} (" in words and f"t/bare{UNPRICED_SHOWN} (" not in words
+    gpu = Step(name="t/gpu", fn=lambda out: None, kind="export", resources=Resources(gpu=1, gpu_type="X9"))
+    on_gpu = price_steps([gpu], str(tmp_path), PriceTable(), History(str(tmp_path), [
+        Sample("t/e_00000000", "export", None, None, None, 36.0, "x9", 1.0)]))
+    # Hours known, no price for an x9: unpriced under a cost limit, priced under an hours limit.
+    assert [p.step for p in unpriced(on_gpu, max_cost=1)] == ["t/gpu"] and unpriced(on_gpu, max_device_hours=1) == []
+    assert over_budget(on_gpu, max_device_hours=1, refuse_unpriced=True) is None

@@ -131,19 +131,50 @@ class PriceTable:
         if unknown:
             raise PriceFileError(f"price file {path}: unknown keys {unknown} (known: currency, assumed_mfu,"
                                  " per_device_hour, peak_flops, replace_defaults)")
-        prices = {} if data.get("replace_defaults") else dict(DEFAULT_PRICES)
+        _expect(path, "currency", data, str, "a string")
+        _expect(path, "replace_defaults", data, bool, "a boolean (true or false)")
+        _expect(path, "per_device_hour", data, dict, "a table ([per_device_hour] with one number per device kind)")
+        _expect(path, "peak_flops", data, dict, "a table ([peak_flops] with one number per device kind)")
         for table in ("per_device_hour", "peak_flops"):
             for kind, value in data.get(table, {}).items():
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                if not _is_number(value) or not value >= 0:
                     raise PriceFileError(f"price file {path}: [{table}] {kind} = {value!r} is not a non-negative"
-                                         " number")
-        prices.update({k.lower(): float(v) for k, v in data.get("per_device_hour", {}).items()})
+                                         f" number (found {_toml_type(value)})")
         mfu = data.get("assumed_mfu", DEFAULT_ASSUMED_MFU)
-        if not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
-            raise PriceFileError(f"price file {path}: assumed_mfu = {mfu!r} is not a fraction in (0, 1]")
+        if not _is_number(mfu) or not 0 < mfu <= 1:
+            raise PriceFileError(f"price file {path}: assumed_mfu = {mfu!r} is not a fraction in (0, 1]"
+                                 f" (expected a number, found {_toml_type(mfu)})")
+        prices = {} if data.get("replace_defaults") else dict(DEFAULT_PRICES)
+        prices.update({k.lower(): float(v) for k, v in data.get("per_device_hour", {}).items()})
         return cls(prices, {k.lower(): float(v) for k, v in data.get("peak_flops", {}).items()}, float(mfu),
-                   str(data.get("currency", "USD")), f"price file {path}")
+                   data.get("currency", "USD"), f"price file {path}")
 
+
+def _is_number(value: object) -> bool:
+    """An integer or a float; TOML's `true` is a Python bool, an int subclass, and is not a number here."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _toml_type(value: object) -> str:
+    """The TOML name of a parsed value's type, for errors that say what was found."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return f"a {type(value).__name__}"  # dates and times
+
+
+def _expect(path: str, key: str, data: Mapping[str, Any], kind: type, expected: str) -> None:
+    """A top-level key of the wrong TOML type is an error naming the file, the key, the expected and found types."""
+    if key in data and not isinstance(data[key], kind):
+        raise PriceFileError(f"price file {path}: {key} = {data[key]!r} must be {expected}, found"
+                             f" {_toml_type(data[key])}")
 
 __all__ = ["DEFAULT_ASSUMED_MFU", "DEFAULT_PRICES", "PRICES_ENV", "Devices", "PriceFileError", "PriceTable",
            "devices_of"]

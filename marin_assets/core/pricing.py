@@ -177,22 +177,54 @@ def price_steps(steps: Sequence[Step], prefix: str, prices: PriceTable, history:
     return PricedPlan(predictions, prices, totals(predictions))
 
 
-def over_budget(priced: PricedPlan, max_device_hours: float | None = None, max_cost: float | None = None) -> str | None:
-    """Why `priced` exceeds a budget (naming the steps that cost most), or None when it fits."""
+def unpriced(priced: PricedPlan, max_device_hours: float | None = None,
+             max_cost: float | None = None) -> list[Prediction]:
+    """The steps a budget cannot weigh: those for which a number it limits is unknown (device-hours under
+    `max_device_hours`, cost under `max_cost`; with neither limit, cost). They count 0 against the budget."""
+    def unknown(p: Prediction) -> bool:
+        if max_device_hours is None and max_cost is None:
+            return p.cost is None
+        return (max_device_hours is not None and p.device_hours is None) or (max_cost is not None and p.cost is None)
+
+    return [p for p in priced.predictions if unknown(p)]
+
+
+UNPRICED_SHOWN = 5
+"""How many unpriced steps a budget's words name; the rest are counted."""
+
+
+def unpriced_words(steps: Sequence[Prediction]) -> str:
+    """`2 step(s) could not be priced: a (why), b (why)`, the first UNPRICED_SHOWN named."""
+    named = ", ".join(f"{p.step} ({p.how})" for p in steps[:UNPRICED_SHOWN])
+    more = f" and {len(steps) - UNPRICED_SHOWN} more" if len(steps) > UNPRICED_SHOWN else ""
+    return f"{len(steps)} step(s) could not be priced: {named}{more}"
+
+
+def over_budget(priced: PricedPlan, max_device_hours: float | None = None, max_cost: float | None = None,
+                refuse_unpriced: bool = False) -> str | None:
+    """Why `priced` exceeds a budget (naming the steps that cost most), or None when it fits. Steps that could not
+    be priced count 0, unless `refuse_unpriced`: then any of them refuses the plan, naming them."""
     t = priced.totals
     over = []
     if max_device_hours is not None and t["device_hours"] > max_device_hours:
         over.append(f"{t['device_hours']:.4g} device-hours > --max-device-hours {max_device_hours:g}")
     if max_cost is not None and t["cost"] > max_cost:
         over.append(f"{t['cost']:.4g} {priced.prices.currency} > --max-cost {max_cost:g}")
+    missing = unpriced(priced, max_device_hours, max_cost)
+    if refuse_unpriced and missing:
+        refused = f"{unpriced_words(missing)}; --refuse-unpriced refuses a plan with any"
+        return refused if not over else f"{_over_words(priced, over)}; {refused}"
     if not over:
         return None
+    tail = f"; {unpriced_words(missing)}; they count 0" if missing else ""
+    return _over_words(priced, over) + tail
+
+
+def _over_words(priced: PricedPlan, over: Sequence[str]) -> str:
     top = "; ".join(f"{p.step} ({p.device_hours:.3g} device-hours"
                     + (f", {p.cost:.3g} {priced.prices.currency}" if p.cost is not None else "")
                     + f", {p.basis})" for p in priced.most_expensive())
-    unknown = t["unknown_wall"]
-    tail = f"; {unknown} step(s) have no prediction and count 0" if unknown else ""
-    return f"the plan's {t['steps']} step(s) to run predict {' and '.join(over)}; most expensive: {top}{tail}"
+    return f"the plan's {priced.totals['steps']} step(s) to run predict {' and '.join(over)}; most expensive: {top}"
 
 
 def relative_error(predicted: float | None, actual: float | None) -> float | None:
@@ -305,4 +337,4 @@ def by_name(predictions: Sequence[Prediction]) -> Mapping[str, Prediction]:
 
 __all__ = ["ESTIMATED", "MEASURED", "UNKNOWN", "PricedPlan", "Prediction", "by_name", "measured_after_run",
            "over_budget", "predict", "predict_for_run", "predicted_vs_actual", "price_steps", "recorded_samples",
-           "relative_error", "totals", "work_of"]
+           "relative_error", "totals", "unpriced", "unpriced_words", "work_of"]

@@ -1,12 +1,13 @@
 """The budget guard of a Dagster run: run tags that refuse a run whose plan costs too much, before any work.
 
-    dagster asset materialize --select '*checkpoints/big' --tags '{"marin/max-device-hours": "40"}'
+    dagster job execute -f definitions.py -j __ASSET_JOB --tags '{"marin/max-device-hours": "40"}'
 
 Every step asset calls `check_run_budget` before its step function: it prices the plan of the run's whole
 selection (`core/priced_plan.py`, the prices of `marin/prices` or `$MARIN_PRICES`) and, over a limit,
-fails naming the steps that cost most. The first asset to start sees the whole plan, so nothing runs; the
-verdict is kept per run in the process, and an asset starting after others succeeded prices only what is
-left. No tag: nothing is read.
+fails naming the steps that cost most. Steps that could not be priced count 0 and are named in the run's
+log, or refuse the run when tagged `marin/refuse-unpriced=true`. The first asset to start sees the whole
+plan, so nothing runs; the verdict is kept per run in the process, and an asset starting after others
+succeeded prices only what is left. No budget tag: nothing is read.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import dagster as dg
 from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.plan import plan
 from marin_assets.core.priced_plan import price_plan
-from marin_assets.core.prices import PriceFileError, PriceTable
-from marin_assets.core.pricing import over_budget
+from marin_assets.core.prices import PRICES_ENV, PriceFileError, PriceTable
+from marin_assets.core.pricing import over_budget, unpriced, unpriced_words
 from marin_assets.core.step import Step
 
 MAX_DEVICE_HOURS_TAG = "marin/max-device-hours"
@@ -29,6 +30,10 @@ MAX_COST_TAG = "marin/max-cost"
 """Run tag: refuse the run if what it would compute is predicted to cost more (the price table's currency)."""
 PRICES_TAG = "marin/prices"
 """Run tag: the price file (TOML) to price with; default `$MARIN_PRICES`, else the defaults."""
+REFUSE_UNPRICED_TAG = "marin/refuse-unpriced"
+"""Run tag: `true` refuses the run if any step it would compute could not be priced (by default they count 0
+and are named in the run's log); alone, with no limit, it refuses steps without a predicted cost."""
+BUDGET_TAGS = (MAX_DEVICE_HOURS_TAG, MAX_COST_TAG, REFUSE_UNPRICED_TAG)
 
 _verdicts: dict[str, str | None] = {}
 """Run id → why it was refused (None: allowed), for the other assets of the run in this process."""
@@ -49,6 +54,13 @@ def _limit(tags: dict[str, str], tag: str) -> float | None:
     if not limit >= 0:
         raise BudgetTagError(f"run tag {tag}={value!r} is negative")
     return limit
+
+
+def _flag(tags: dict[str, str], tag: str) -> bool:
+    value = tags.get(tag, "").strip().lower()
+    if value not in ("", "true", "false"):
+        raise BudgetTagError(f"run tag {tag}={tags[tag]!r} is not true or false")
+    return value == "true"
 
 
 def run_steps(context: dg.AssetExecutionContext) -> list[Step]:
@@ -75,7 +87,7 @@ def run_steps(context: dg.AssetExecutionContext) -> list[Step]:
 def check_run_budget(context: dg.AssetExecutionContext, prefix: str, settings: LeaseSettings) -> None:
     """Fail (`dg.Failure`) when the run's tags set a budget its plan exceeds; nothing when they set none."""
     tags = dict(context.run.tags)
-    if MAX_DEVICE_HOURS_TAG not in tags and MAX_COST_TAG not in tags:
+    if not any(tag in tags for tag in BUDGET_TAGS):
         return
     run_id = context.run.run_id
     if run_id not in _verdicts:
@@ -90,20 +102,29 @@ def _verdict(context: dg.AssetExecutionContext, tags: dict[str, str], prefix: st
              settings: LeaseSettings) -> str | None:
     try:
         max_hours, max_cost = _limit(tags, MAX_DEVICE_HOURS_TAG), _limit(tags, MAX_COST_TAG)
-        prices = PriceTable.load(tags.get(PRICES_TAG))
-    except (BudgetTagError, PriceFileError) as e:
+        refuse_unpriced = _flag(tags, REFUSE_UNPRICED_TAG)
+    except BudgetTagError as e:
         return str(e)
+    try:
+        prices = PriceTable.load(tags.get(PRICES_TAG))
+    except PriceFileError as e:
+        named_by = f"run tag {PRICES_TAG}" if tags.get(PRICES_TAG) else f"${PRICES_ENV}"
+        return f"{named_by}: {e}"
     steps = run_steps(context)
     names = {s.name for s in steps}
     rows = plan(steps, names, prefix, settings)
     priced = price_plan(rows, {s.name: s for s in steps}, prefix, prices)
-    refused = over_budget(priced, max_hours, max_cost)
+    refused = over_budget(priced, max_hours, max_cost, refuse_unpriced)
     t = priced.totals
     context.log.info(f"budget: {t['steps']} step(s) to run, predicted {t['device_hours']:.4g} device-hours and"
                      f" {t['cost']:.4g} {prices.currency} ({t['unknown_wall']} without a prediction);"
                      f" limits {max_hours} device-hours, {max_cost} {prices.currency}: "
                      + ("refused" if refused else "allowed"))
+    missing = unpriced(priced, max_hours, max_cost)
+    if missing and not refused:
+        context.log.warning(f"budget: {unpriced_words(missing)}; they count 0 against the budget (tag"
+                            f" {REFUSE_UNPRICED_TAG}=true to refuse them)")
     return refused
 
-
-__all__ = ["MAX_COST_TAG", "MAX_DEVICE_HOURS_TAG", "PRICES_TAG", "BudgetTagError", "check_run_budget", "run_steps"]
+__all__ = ["BUDGET_TAGS", "MAX_COST_TAG", "MAX_DEVICE_HOURS_TAG", "PRICES_TAG", "REFUSE_UNPRICED_TAG", "BudgetTagError",
+           "check_run_budget", "run_steps"]
