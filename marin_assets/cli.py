@@ -482,6 +482,10 @@ def main(argv: list[str] | None = None) -> int:
     add_definitions_arguments(p)
     add_verbose_argument(p)
     p.set_defaults(fn=cmd_materialize)
+    from marin_assets.execution import local_ray  # its Ray is imported only by the process that holds it
+
+    local_ray.add_arguments(sub.add_parser("ray", help="a local Ray that outlives one run: `start` it once and"
+                                                       " every run joins it until `stop`; `status`"))
     args = parser.parse_args(argv)
     return args.fn(args)
 
