@@ -21,11 +21,11 @@ def test_processes_taking_ports_at_once_never_share_one_and_each_port_is_bindabl
                               stdout=subprocess.PIPE, text=True) for _ in range(4)]
     try:
         taken = [[int(p) for p in proc.stdout.readline().split()] for proc in procs]
+        mine = [free_port() for _ in range(40)]  # while the others still hold theirs
     finally:
         for proc in procs:
             proc.stdin.close()
             proc.wait(timeout=60)
-    mine = [free_port() for _ in range(40)]
     every = [p for ports in taken for p in ports] + mine
     assert [len(ports) for ports in taken] == [40] * 4
     assert len(set(every)) == len(every) == 200, "a port was handed out twice"
