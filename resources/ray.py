@@ -4,18 +4,22 @@ Connection is lazy: a run whose assets are all cached — or whose steps that co
 light (`marin_assets.core.light`), run in the Dagster process — never starts Ray. An embedded Ray is
 sized for the machine (all cores, a small object store, no dashboard, no token auth, its
 session files under a temp folder rather than the home folder) and shut down at the end of
-the run; a cluster connection is only disconnected.
+the run; a cluster connection is only disconnected. Where `marin-assets ray start` left a local Ray
+running (`marin_assets.execution.local_ray`), a run joins it instead of starting its own — Ray's
+start-up paid once, not per run — and leaves it running; a stale address file is logged and ignored.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
-import tempfile
 from typing import Any
 
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
+
+from marin_assets.execution import local_ray
 
 # Environment variables a step commonly needs, forwarded to workers when set here.
 FORWARDED_ENV = (
@@ -58,9 +62,18 @@ class RayResource(ConfigurableResource):
                     " GPU or TPU request) in the Dagster process, so they never start Ray. False: every step"
                     " is a Ray task.",
     )
+    use_local_ray: bool = Field(
+        default=True,
+        description="Embedded Ray only: join the local Ray that `marin-assets ray start` left running (its address"
+                    " in $DAGSTER_HOME/local-ray.json) when it is alive, instead of starting one for the run."
+                    " A resource that sizes its Ray (num_cpus, object_store_mb, custom_resources, temp_dir)"
+                    " always starts its own.",
+    )
 
     _started_here: bool = PrivateAttr(default=False)
     _session_dir: str | None = PrivateAttr(default=None)
+    _log: Any = PrivateAttr(default=None)
+    _joined: local_ray.LocalRay | None = PrivateAttr(default=None)
 
     @property
     def embedded(self) -> bool:
@@ -73,6 +86,35 @@ class RayResource(ConfigurableResource):
         env.update(self.env_vars)
         return env
 
+    @property
+    def sized(self) -> bool:
+        """Whether this resource asks for an embedded Ray of a given shape (then it never joins a local Ray)."""
+        return bool(self.num_cpus or self.object_store_mb or self.custom_resources or self.temp_dir)
+
+    @property
+    def joined(self) -> local_ray.LocalRay | None:
+        """The local Ray this resource joined (None: it started its own, joined a cluster, or has not connected)."""
+        return self._joined
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        self._log = context.log  # where `connect` says which Ray it joined, in the run's own log
+
+    def _say(self, level: int, message: str) -> None:
+        if self._log is not None:
+            self._log.log(level, message)
+        else:
+            logging.getLogger(__name__).log(level, message)
+
+    def local(self) -> local_ray.LocalRay | None:
+        """The live local Ray this resource would join (logging why a stale address file is ignored)."""
+        if not (self.embedded and self.use_local_ray) or self.sized:
+            return None
+        found, stale = local_ray.find()
+        if stale:
+            self._say(logging.WARNING, f"{stale}; starting an embedded Ray for this run"
+                                       " (`marin-assets ray start` starts a new local Ray)")
+        return found
+
     def connect(self) -> None:
         """Start or join Ray once per process; reuse a Ray someone else initialized."""
         import ray
@@ -84,13 +126,19 @@ class RayResource(ConfigurableResource):
         runtime_env = {k: v for k, v in self.runtime_env.items() if k != "env_vars"}
         runtime_env["env_vars"] = self.worker_env()
         options: dict[str, Any] = {"runtime_env": runtime_env, "log_to_driver": False}
-        if self.embedded:
+        found = self.local()
+        if found is not None:
+            ray.init(address=found.address, **options)
+            self._joined = found
+            self._say(logging.INFO, f"joined the {local_ray.describe(found)}")
+        elif self.embedded:
             options.update(
                 num_cpus=self.num_cpus or os.cpu_count(),
-                object_store_memory=(self.object_store_mb * 2**20) if self.object_store_mb else _default_object_store(),
+                object_store_memory=(self.object_store_mb * 2**20) if self.object_store_mb
+                else local_ray.default_object_store(),
                 resources=dict(self.custom_resources) or None,
                 include_dashboard=False,
-                _temp_dir=self.temp_dir or os.path.join(tempfile.gettempdir(), f"marin-ray-{os.getuid()}"),
+                _temp_dir=self.temp_dir or local_ray.default_temp_dir(),
             )
             ray.init(**options)
             self._session_dir = session_dir()
@@ -107,19 +155,14 @@ class RayResource(ConfigurableResource):
             return
         import ray
 
-        ray.shutdown()
-        self._started_here = False
+        ray.shutdown()  # a joined local Ray or a cluster: only this driver leaves
+        self._started_here, self._joined = False, None
         if self._session_dir and not self.keep_session_logs:
             shutil.rmtree(self._session_dir, ignore_errors=True)
             latest = os.path.join(os.path.dirname(self._session_dir), "session_latest")
             if os.path.islink(latest) and not os.path.exists(latest):
                 os.unlink(latest)
         self._session_dir = None
-
-
-def _default_object_store() -> int:
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(min(max(total * 0.10, 256 * 2**20), 2 * 2**30))
 
 
 def session_dir() -> str | None:

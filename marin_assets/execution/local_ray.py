@@ -254,17 +254,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    """What `marin-assets ray ACTION` does; `status` exits 1 when no local Ray is running."""
+    running, stale = find()
     if args.action == "start":
-        info = start(num_cpus=args.num_cpus, object_store_mb=args.object_store_mb)
-        print(f"{describe(info)}; runs with DAGSTER_HOME={address_file().parent} join it"  # type: ignore[union-attr]
-              " (stop it with `marin-assets ray stop`)")
+        info = running or start(num_cpus=args.num_cpus, object_store_mb=args.object_store_mb)
+        print(f"{'already running: ' if running else ''}{describe(info)}; runs with DAGSTER_HOME="
+              f"{os.environ.get('DAGSTER_HOME')} join it (stop it with `marin-assets ray stop`)")
         return 0
     if args.action == "stop":
         print(stop())
         return 0
-    info, stale = find()
-    print(describe(info) if info else stale or "no local Ray is running: each run starts an embedded Ray")
-    return 0 if info else 1
+    print(describe(running) if running else stale or "no local Ray is running: each run starts an embedded Ray")
+    return 0 if running else 1
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["hold"]:
