@@ -54,3 +54,14 @@ def test_every_name_of_the_dagster_surface_has_a_docstring():
     missing = [n for n in serving.__all__ if not isinstance(getattr(serving, n), str)
                and not (getattr(serving, n).__doc__ or "").strip()]
     assert missing == []
+
+
+def test_the_docs_give_run_tags_only_with_a_command_that_takes_them():
+    """`dagster asset materialize` and `dg launch` have no `--tags` (Dagster 1.13); `dagster job execute` has."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        flat = " ".join(page.read_text().replace("\\\n", " ").split())
+        for at in [i for i in range(len(flat)) if flat.startswith("--tags", i)]:
+            before = flat[max(0, at - 160):at]
+            said_missing = before.endswith("no `")  # "… have no `--tags`"
+            assert "job execute" in before or said_missing, f"{page.name}: --tags after {before[-100:]!r}"
+    assert "dagster job execute -f definitions.py -j __ASSET_JOB" in (ROOT / "README.md").read_text()

@@ -1,6 +1,7 @@
 """The budget guard of a Dagster run: run tags that refuse a run whose plan costs too much, before any work.
 
-    dagster job execute -f definitions.py -j __ASSET_JOB --tags '{"marin/max-device-hours": "40"}'
+    dagster job execute -f definitions.py -j __ASSET_JOB -o '*checkpoints__big' \\
+        --tags '{"marin/max-device-hours": "40"}'
 
 Every step asset calls `check_run_budget` before its step function: it prices the plan of the run's whole
 selection (`core/priced_plan.py`, the prices of `marin/prices` or `$MARIN_PRICES`) and, over a limit,
@@ -64,14 +65,19 @@ def _flag(tags: dict[str, str], tag: str) -> bool:
 
 
 def run_steps(context: dg.AssetExecutionContext) -> list[Step]:
-    """The steps of the assets the run materializes (a partitioned asset: the step of the run's partition)."""
+    """The steps of the assets the run materializes — its asset selection, else its op selection, else the job's
+    (a partitioned asset: the step of the run's partition)."""
     layer = context.job_def.asset_layer
     keys: Iterable[dg.AssetKey] = context.run.asset_selection or layer.selected_asset_keys
+    # `dagster job execute -o` selects ops: the run has no asset selection, and the job's layer has every asset.
+    ops = None if context.run.asset_selection else context.job_def.resolved_op_selection  # the run's: unresolved
     found: list[Step] = []
     for key in keys:
         if not layer.asset_graph.has(key):
             continue
         assets_def = layer.asset_graph.get(key).assets_def
+        if ops and assets_def.node_def.name not in ops:
+            continue
         compute_fn: Any = getattr(assets_def.node_def, "compute_fn", None)
         family = getattr(compute_fn, "marin_partitioned", None)
         if family is not None:
