@@ -2,7 +2,9 @@
 
 The shape (keys, deps, groups) comes as JSON from the file named by `MARIN_BENCH_SHAPE`, so
 that this module imports nothing but Dagster — `dagster asset materialize -f bench/noop_graph.py`
-is the plain-Dagster process whose memory ours is compared with.
+is the plain-Dagster process whose memory and time ours is compared with. Its executor is ours
+(`build_definitions` runs a run's steps in one process): Dagster's default, a process per step,
+would compare two executors rather than our layer with none.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def noop_definitions(shape: list[dict], checks: bool = True) -> dg.Definitions:
 
         assets.append(dg.asset(key=key, deps=[dg.AssetKey(d) for d in entry["deps"]], group_name=entry["group"],
                                check_specs=[dg.AssetCheckSpec(n, asset=key) for n in names])(_passing(names)))
-    return dg.Definitions(assets=assets)
+    return dg.Definitions(assets=assets, executor=dg.in_process_executor)
 
 
 def _passing(names: list[str]):

@@ -1,9 +1,10 @@
 """One do-nothing step served through marin_assets: what a step costs before it does anything.
 
 `dagster asset materialize -f bench/noop_step.py --select bench/noop` is measured beside the same CLI
-materializing one plain Dagster no-op asset (`noop_graph.py`). `MARIN_BENCH_PLACEMENT=ray` serves
-the same function unmarked, so it runs as a Ray task on an embedded Ray that the run starts; otherwise
-it is marked `light` and runs in the Dagster process (README "Execution on Ray").
+materializing one plain Dagster no-op asset (`noop_graph.py`). `MARIN_BENCH_PLACEMENT=ray` (or `local`)
+serves the same function unmarked, so it runs as a Ray task — on an embedded Ray that the run starts, or
+on the local Ray it joins; otherwise it is marked `light` and runs in the Dagster process (README
+"Execution on Ray").
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def nothing(output_path: str) -> None:
 
 _BENCH = os.path.dirname(os.path.abspath(__file__))  # where `nothing` lives, for the Ray workers
 defs = build_definitions(
-    [Step(name=KEY, fn=nothing if os.environ.get("MARIN_BENCH_PLACEMENT") == "ray" else light(nothing))],
+    [Step(name=KEY, fn=nothing if os.environ.get("MARIN_BENCH_PLACEMENT") in ("ray", "local")
+                 else light(nothing))],
     resources={"ray": RayResource(runtime_env={"env_vars": {"PYTHONPATH": _BENCH}})},
 )

@@ -58,8 +58,9 @@ def test_the_page_is_written_from_the_rows_alone(bench, rows, tmp_path):
     slow = measure.absolute("slow", "something slow", [200.0], "s", goal=("ours", "<=", 180))
     every = [*rows, demo, slow]
     assert run.problems_of(every) == []
-    page = run.write_page(every, tmp_path / "page.md", quick=True, seconds=60, load_at_start=0.1,
+    page = run.write_page(every, tmp_path / "page.md", quick=True, seconds=60, start=run.Start(0.1, 0.5, 0.0),
                           groups=["load", "real_tokenize"]).read_text()
+    assert "quiet: load average 0.10 when it started (below 0.5)" in page
     table = [line for line in page.splitlines() if line.startswith("| ") and not line.startswith("| measure")]
     assert len(table) == len(every)
     assert "| 118 | — | — | — | s | 1 | ≤ 180 s | yes |" in page  # an absolute row: no ratio, no spread
@@ -83,3 +84,25 @@ def test_a_row_that_divides_by_itself_or_contradicts_its_goal_is_refused(bench):
     with pytest.raises(ValueError):
         measure.absolute("y", "y", [1.0], "s", goal=("ratio", "<=", 1.0))  # an absolute row has no ratio
     assert measure.rotated(["a", "b"], 0) == ["a", "b"] and measure.rotated(["a", "b"], 1) == ["b", "a"]
+
+
+def test_a_run_waits_for_a_quiet_machine_and_never_calls_a_busy_start_quiet(bench, tmp_path):
+    run = bench["run"]
+    now = [0.0]
+    loads = iter([1.8, 1.2, 0.4])
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    quiet = run.wait_for_quiet(0.5, 300, poll_s=10, load=lambda: next(loads), clock=lambda: now[0], sleep=sleep)
+    assert quiet == run.Start(0.4, 0.5, 20.0) and quiet.quiet
+    assert "quiet: load average 0.40 when it started (below 0.5 after waiting 20 s)" in quiet.text()
+
+    now[0] = 0.0
+    busy = run.wait_for_quiet(0.5, 25, poll_s=10, load=lambda: 1.8, clock=lambda: now[0], sleep=sleep)
+    assert busy == run.Start(1.8, 0.5, 25.0) and not busy.quiet  # bounded: it stops waiting
+    header = next(line for line in run.page_text([], quick=True, seconds=60, start=busy, groups=["load"])
+                  .splitlines() if line.startswith("One run of"))
+    assert "**not quiet: load 1.80 at start** (above 0.5 after waiting 25 s" in header
+    assert "quiet: load average" not in header
+    assert "not quiet: load 1.80 at start** (above 0.5 and no wait allowed" in run.Start(1.8, 0.5, 0.0).text()
