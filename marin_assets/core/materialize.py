@@ -16,15 +16,16 @@ from typing import Any
 
 import fsspec
 
-from marin_assets.core.decision import Action, decide, decide_output, dependency_problem
+from marin_assets.core.decision import Action, Decision, decide, decide_output, dependency_problem
 from marin_assets.core.gc import GC_RUN_ID
 from marin_assets.core.identity import canonical
+from marin_assets.core.interrupt import stopping_on
 from marin_assets.core.lease import Cached, Lease, LeaseLostError, LeaseSettings, acquire
 from marin_assets.core.paths import normalize_prefix, storage_prefix, using_prefix
 from marin_assets.core.prices import PriceTable
 from marin_assets.core.pricing import Prediction, keep_sample, measured_after_run, predict_for_run
 from marin_assets.core.provenance import current_provenance
-from marin_assets.core.record import ArtifactRecord, read_record, write_record
+from marin_assets.core.record import ArtifactRecord, RecordNotAvailableError, read_record, write_record
 from marin_assets.core.results import encode_result, type_name
 from marin_assets.core.status import LOCK_FILE, STATUS_FILE, Status, StatusRecord
 from marin_assets.core.step import Step
@@ -67,10 +68,10 @@ class StepOutcome:
 def run_in_process(step: Step, output_path: str, prefix: str, stop: threading.Event | None = None) -> Any:
     """Call the step's function here, with the prefix in effect for its deps' paths.
 
-    A thread cannot be stopped from outside, so `stop` is not watched here; a lost lease is
-    still caught before anything is committed.
+    When `stop` is set (the lease was lost) the function is stopped where it is (`core/interrupt.py`);
+    either way nothing is committed by a holder that lost its lease.
     """
-    with using_prefix(prefix):
+    with stopping_on(stop), using_prefix(prefix):
         return step.fn(output_path)
 
 
@@ -95,7 +96,7 @@ def materialize_step(
     store = status_store(out)
 
     # 1. A cache hit is one status read and one record read.
-    decision, record = decide_output(step, out, store.read()[0], prefix, settings.stale_timeout, recompute=recompute)
+    decision, record = _look(step, out, store, prefix, settings, recompute)
     if record is not None:
         return StepOutcome(step, out, record, cached=True, duration_s=time.monotonic() - started, waited_s=0.0)
     if decision.recompute is not None:
@@ -125,6 +126,20 @@ def materialize_step(
                                 clear_first=(replaces_success or half_deleted) and step.override_output_path is None)
     return StepOutcome(step, out, record, cached=False, duration_s=time.monotonic() - started,
                        waited_s=lease.waited_s, took_over=took_over)
+
+
+def _look(step: Step, out: str, store: Any, prefix: str, settings: LeaseSettings,
+          recompute: str | None) -> tuple[Decision, ArtifactRecord | None]:
+    """`decide_output` on the current status; if the record of a SUCCESS went missing because the status
+    changed meanwhile (`marin-assets gc` deleting the output), look once more at what is there now."""
+    status = store.read()[0]
+    try:
+        return decide_output(step, out, status, prefix, settings.stale_timeout, recompute=recompute)
+    except RecordNotAvailableError:
+        now = store.read()[0]
+        if now == status:
+            raise  # still SUCCESS without its record: a damaged output, said as such
+        return decide_output(step, out, now, prefix, settings.stale_timeout, recompute=recompute)
 
 
 def compute_and_commit(step: Step, out: str, prefix: str, lease: Lease, run_fn: RunFn, run_id: str | None,

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
+from marin_assets.core.interrupt import stopping_on
 from marin_assets.core.lease import LeaseLostError
 from marin_assets.core.light import is_light
 from marin_assets.core.step import Resources, Step
@@ -120,9 +121,11 @@ def runs_in_process(step: Step, ray_resource: Any) -> bool:
             and bool(getattr(ray_resource, "light_steps_in_process", False)))
 
 
-def run_here(step: Step, output_path: str, prefix: str, ray_resource: RayConnection, log: Any) -> Any:
+def run_here(step: Step, output_path: str, prefix: str, ray_resource: RayConnection, log: Any,
+             stop: threading.Event | None = None) -> Any:
     """Run a light step's function in this process, with the workers' environment (the resource's
-    `env_vars`, `MARIN_PREFIX`), relaying what it prints and logs to `log` as on Ray."""
+    `env_vars`, `MARIN_PREFIX`), relaying what it prints and logs to `log` as on Ray; stopped where it is
+    when `stop` is set (the lease was lost)."""
     env = {**ray_resource.worker_env(), "MARIN_PREFIX": prefix}
     tag = f"[{step.name}]"
 
@@ -130,7 +133,8 @@ def run_here(step: Step, output_path: str, prefix: str, ray_resource: RayConnect
         for line in lines:
             log.info(f"{tag} {line}")
 
-    return call_relaying(StepCall.of(step), output_path, prefix, env, emit)
+    with stopping_on(stop):
+        return call_relaying(StepCall.of(step), output_path, prefix, env, emit)
 
 
 def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event, ray_resource: RayConnection,
@@ -231,7 +235,7 @@ class StepRunner:
             self.ran_in = "process"
             self.log.info(f"{step.name}: running in this process (a light step: no Ray needed)")
             started = time.monotonic()
-            result = run_here(step, output_path, prefix, self.ray_resource, self.log)
+            result = run_here(step, output_path, prefix, self.ray_resource, self.log, stop)
             self.work_s = time.monotonic() - started
             return result
         self.ran_in = "ray"

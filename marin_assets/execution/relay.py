@@ -23,6 +23,7 @@ from typing import Any
 
 from marin_assets.core.paths import using_prefix
 from marin_assets.core.step import Step
+from marin_assets.execution.driver_watch import watching_driver
 
 PROGRESS_EVERY_S = 5.0
 """Carriage-return progress lines (tqdm) are relayed at most this often."""
@@ -169,7 +170,8 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 def run_relaying(call: StepCall, output_path: str, prefix: str, env: dict[str, str],
                  host: int = 0) -> Iterator[tuple[str, int, Any]]:
-    """Run the function in a thread: yield ("started", host, None) at once, ("log", host, [lines]) as it
+    """Run the function in a thread — ended with its worker if the process holding the output's lease dies or
+    loses it (`driver_watch`): yield ("started", host, None) at once, ("log", host, [lines]) as it
     prints, ("work", host, seconds) — the function's own wall time — when it ends, then ("result", host, value).
     What comes before "started" reaches the caller (a worker process to spawn) is start-up, not work."""
     lines: queue.Queue = queue.Queue()
@@ -187,7 +189,7 @@ def run_relaying(call: StepCall, output_path: str, prefix: str, env: dict[str, s
             box["work_s"] = time.monotonic() - started
             lines.put(_DONE)
 
-    with _environment(env), _relaying(lines):
+    with _environment(env), _relaying(lines), watching_driver(output_path):  # ends the worker if the driver dies
         thread = threading.Thread(target=target, name=f"marin-step-{call.name}", daemon=True)
         thread.start()
         done = False
