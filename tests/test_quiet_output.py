@@ -42,6 +42,7 @@ def runs(tmp_path_factory):
     done["second"] = cli(env, "materialize", "--select", SELECTION)
     done["verbose"] = cli(env, "materialize", "--select", "hello/numbers", "--verbose")
     done["failed"] = cli(env, "materialize", "--select", "quiet/fails", check=False)
+    done["failed_on_ray"] = cli(env, "materialize", "--select", "quiet/fails-on-ray", check=False)
     done["tick"] = cli(env, "tick", "quiet_once", check=False)
     done["status_after"] = cli(env, "status", "--select", "*")
     return done
@@ -119,6 +120,21 @@ def test_a_failure_names_the_asset_the_cause_and_where_the_log_is(runs):
     assert out.splitlines()[-1] == "marin-assets materialize: failed: quiet/fails (the cause is above)"
     log = log_file(failed).read_text()  # the whole stack is in the log
     assert "Stack Trace:" in log and 'in mean_must_be\n    raise ValueError(f"the numbers' in log
+    raised = re.search(r'^\s*at File "([^"]+)", line (\d+), in (\S+)$', out, re.MULTILINE)
+    assert raised and raised.group(1).endswith("quiet_definitions.py") and raised.group(3) == "mean_must_be", out
+
+
+def test_a_step_failing_on_ray_shows_the_line_that_raised_on_the_worker(runs):
+    """Not the driver's re-raise in execution/ray_runner.py: the user's line, where it ran."""
+    failed = runs["failed_on_ray"]
+    assert failed.returncode == 1
+    out = failed.stdout
+    assert "ValueError: the numbers' mean is " in out and "not 41.0" in out, out
+    raised = re.search(r'^\s*at File "([^"]+)", line (\d+), in (\S+)$', out, re.MULTILINE)
+    assert raised, out
+    assert raised.group(1).endswith("tests/support/quiet_definitions.py") and raised.group(3) == "mean_must_be", out
+    source = (ROOT / "tests" / "support" / "quiet_definitions.py").read_text().splitlines()
+    assert "raise ValueError" in source[int(raised.group(2)) - 1]
 
 
 def test_a_quiet_tick_prints_a_line_per_run_as_it_ends_and_a_failed_runs_cause(runs):
@@ -134,12 +150,12 @@ def test_a_quiet_tick_prints_a_line_per_run_as_it_ends_and_a_failed_runs_cause(r
 
 def test_status_says_not_materialized_never_none(runs):
     before = {line.split()[0]: line for line in lines(runs["status_before"])}
-    assert set(before) == {*HELLO, "quiet/chatty", "quiet/fails"}
+    assert set(before) == {*HELLO, "quiet/chatty", "quiet/fails", "quiet/fails-on-ray"}
     assert all("not materialized" in line and "None" not in line for line in before.values())
     after = {line.split()[0]: line.split()[1:] for line in lines(runs["status_after"])}
     assert after["hello/report"][:3] == ["SUCCESS", "cached:", "true"]  # the tick's run: a cache hit
     assert after["quiet/chatty"][:3] == ["SUCCESS", "cached:", "true"]
-    assert after["quiet/fails"][0] == "FAILED"
+    assert after["quiet/fails"][0] == "FAILED" and after["quiet/fails-on-ray"][0] == "FAILED"
     as_json = {r["asset_key"]: r for r in json.loads(cli(runs["env"], "status", "--select", "*", "--json").stdout)}
     assert as_json["quiet/fails"]["cached"] is None and as_json["quiet/fails"]["status"] == "FAILED"  # null for scripts
 

@@ -27,7 +27,7 @@ class LeaseLostInStep(LeaseLostError):
 def _raise_in(thread_id: int, exc: type[BaseException] | None) -> bool:
     """Make `exc` raise in thread `thread_id` at its next instruction; None clears one not yet raised."""
     arg = None if exc is None else ctypes.py_object(exc)  # None: a NULL pointer
-    changed = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), arg)
+    changed = int(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), arg))
     if changed > 1:  # cannot happen for one id; undo as CPython's documentation says
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), None)
         return False

@@ -160,10 +160,26 @@ def error_lines(error: Any, limit: int = 8) -> list[str]:
     lines = [line.rstrip() for line in text.splitlines() if line.strip()]
     if len(lines) > limit:
         lines = [*lines[:limit], f"... ({len(lines) - limit} more lines in the log)"]
-    frame = next((line for line in reversed(own.stack or ()) if line.strip().startswith("File ")), None)
+    frame = raising_frame(own, chain)
     if frame:
-        lines.append("at " + frame.strip().splitlines()[0])
+        lines.append("at " + frame)
     return lines
+
+
+_FRAME = re.compile(r'^\s*(File "[^"]+", line \d+, in \S+)', re.MULTILINE)
+
+
+def raising_frame(own: Any, chain: Sequence[Any]) -> str | None:
+    """`File "…", line N, in fn` of the line that raised `own`, wherever it ran: a step that failed on a Ray
+    worker is re-raised in the Dagster process, whose frames say only where; the worker's traceback, attached
+    as the cause (`execution.ray_runner.RemoteTraceback`), says what raised it — its innermost frame."""
+    for error in chain[chain.index(own) + 1:]:
+        if error.cls_name == "RemoteTraceback":
+            frames = _FRAME.findall(error.message or "")
+            if frames:
+                return frames[-1]
+    stack = [m for line in own.stack or () for m in _FRAME.findall(line)]
+    return stack[-1] if stack else None
 
 
 @dataclass

@@ -26,6 +26,7 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 
@@ -90,7 +91,7 @@ def _is_zombie(pid: int) -> bool:
 
 
 def fail_runs_with_lost_workers(instance: dg.DagsterInstance, runs: Iterable[dg.DagsterRun],
-                                log: dg.DagsterLogManager | None = None) -> list[str]:
+                                log: Any = None) -> list[str]:
     """Mark failed each `STARTED` run among `runs` whose run worker, a process on this machine, is gone.
 
     Only where runs are launched as local processes (Dagster's `DefaultRunLauncher`): a run launched
@@ -139,7 +140,7 @@ class Resubmission:
 
 
 def lost_requests(instance: dg.DagsterInstance, sensor_name: str, *, max_attempts: int = MAX_ATTEMPTS,
-                  retry_grace_s: float = 300.0, log: dg.DagsterLogManager | None = None,
+                  retry_grace_s: float = 300.0, log: Any = None,
                   limit: int = 1000) -> list[Resubmission]:
     """The requests of sensor `sensor_name` whose run was lost, to ask again (see the module's docstring).
 

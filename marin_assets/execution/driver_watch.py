@@ -63,8 +63,10 @@ def _local_pid(holder: str) -> int | None:
 
 def _end_worker(why: str) -> None:
     try:
-        sys.__stderr__.write(f"marin-assets: {why}: ending this worker now, so that nothing more is written\n")
-        sys.__stderr__.flush()
+        stream = sys.__stderr__
+        if stream is not None:
+            stream.write(f"marin-assets: {why}: ending this worker now, so that nothing more is written\n")
+            stream.flush()
     finally:
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -3,6 +3,7 @@ world, a light step that prints and logs a lot from the Dagster process itself, 
 on its input. Storage: MARIN_PREFIX."""
 
 import logging
+from functools import partial
 
 import dagster as dg
 
@@ -39,6 +40,8 @@ def mean_must_be(expected: float, output_path: str) -> float:
 
 fails = Step(name="quiet/fails", fn=light(lambda out: mean_must_be(42.0, out)), deps=[stats],
              hash_attrs={"expected": 42.0})
+fails_on_ray = Step(name="quiet/fails-on-ray", fn=partial(mean_must_be, 41.0), deps=[stats],
+                    hash_attrs={"expected": 41.0})  # not light: a Ray task
 
 
 
@@ -51,4 +54,4 @@ def once(context: dg.SensorEvaluationContext) -> dg.RunRequest:
     return dg.RunRequest(run_key="once", asset_selection=TICKED)
 
 
-defs = build_definitions([report, chatty, fails], sensors=[once])
+defs = build_definitions([report, chatty, fails, fails_on_ray], sensors=[once])
