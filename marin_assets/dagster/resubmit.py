@@ -42,6 +42,8 @@ _SENSOR_TAG = "dagster/sensor_name"
 _RUN_KEY_TAG = "dagster/run_key"
 _WILL_RETRY_TAG = "dagster/will_retry"
 _FAILURE_REASON_TAG = "dagster/failure_reason"
+_KEPT_DAGSTER_TAGS = {"dagster/priority", "dagster/max_retries", "dagster/retry_strategy", "dagster/max_runtime"}
+"""Dagster's tags a user sets on a request (Dagster's own bookkeeping tags are not copied to a resubmission)."""
 _RESUBMIT_SUFFIX = re.compile(r"#resubmit-\d+$")
 _WORKER_PID = re.compile(r"Started process for run \(pid: (\d+)\)")
 _IN_PROGRESS = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
@@ -132,7 +134,7 @@ class Resubmission:
     def run_request(self) -> dg.RunRequest:
         """The lost run's request again: its assets, partition and own tags, a new run key, the attempt tagged."""
         run = self.lost
-        tags = {k: v for k, v in run.tags.items() if not k.startswith("dagster/")}
+        tags = {k: v for k, v in run.tags.items() if not k.startswith("dagster/") or k in _KEPT_DAGSTER_TAGS}
         tags.update({RESUBMITTED_TAG: str(self.attempt), RESUBMITTED_AFTER_TAG: run.run_id})
         return dg.RunRequest(run_key=f"{request_key(run)}#resubmit-{self.attempt}",
                              asset_selection=sorted(run.asset_selection or (), key=str) or None,

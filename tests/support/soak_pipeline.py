@@ -19,7 +19,7 @@ from marin_assets.pipeline.training.specs import OptimizerSpec
 from resources import StorageResource
 from tests.support import automation_pipeline as auto
 
-TRIALS = 4
+TRIALS = 3
 CHECKPOINTS = auto.CHECKPOINTS
 SENSOR = "marin_soak_checkpoints"
 
