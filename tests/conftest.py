@@ -44,10 +44,12 @@ def pytest_unconfigure(config):
 # a long file alone at the end. Seconds measured on 2 cores (a file's setup, calls and teardown); the rest keep
 # their order after these.
 LONGEST_FILES = (
+    "test_restart_soak.py",         # ~430 s: three trainings, the daemon or code server killed and restarted
     "test_ui_browser.py",           # ~300 s: dagster dev, the demo graph, a real browser
     "test_ray_two_nodes.py",        # ~270 s: a second Ray node killed mid-step
     "test_checkpoint_sensor.py",    # ~250 s: the daemon evaluating checkpoints across a restart
     "test_crash_trials.py",         # ~150 s: kill -9 at random moments
+    "test_lost_lease.py",           # ~140 s: a training's driver killed mid-run
     "test_scaling_laws.py",         # ~150 s: a real ladder of trainings
     "test_ray_cluster.py",
     "test_dg_cli.py",

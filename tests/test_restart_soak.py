@@ -31,11 +31,12 @@ from marin_assets import materialize_step
 from marin_assets.core.status import Status
 from marin_assets.core.step import walk
 from marin_assets.core.stores import read_status
-from marin_assets.dagster.instance import instance_settings, write_instance_yaml
+from marin_assets.dagster.instance import write_instance_yaml
 from marin_assets.dagster.naming import asset_key
 from marin_assets.dagster.resubmit import RESUBMITTED_TAG
 from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
 from tests.support import soak_pipeline as soak
+from tests.support.daemon_instance import daemon_settings
 from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env
 
 SEED = 37
@@ -60,12 +61,7 @@ class Deployment:
     def __init__(self, tmp: Path, prefix: str):
         self.tmp, self.prefix = tmp, prefix
         self.home = tmp / "home"
-        settings = instance_settings(run_monitoring={"enabled": True, "start_timeout_seconds": 45,
-                                                     "poll_interval_seconds": 2})
-        queue = settings.pop("run_queue")  # the same retries, with the daemon's dequeue interval shortened
-        settings["run_coordinator"] = {"module": "dagster.core.run_coordinator", "class": "QueuedRunCoordinator",
-                                       "config": {**queue, "user_code_failure_retry_delay": 1,
-                                                  "max_concurrent_runs": 2, "dequeue_interval_seconds": 1}}
+        settings = daemon_settings()
         write_instance_yaml(self.home / "dagster.yaml", settings)
         self.env = subprocess_env(DAGSTER_HOME=str(self.home), MARIN_PREFIX=prefix)
         self.socket = tmp / "code.sock"
