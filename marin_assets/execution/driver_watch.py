@@ -33,16 +33,13 @@ CHECK_S = 5.0
 """Seconds between reads of the status object."""
 
 
-def _driver_of(output_path: str, attempts: int = 5) -> StatusRecord | None:
-    for _ in range(attempts):
-        try:
-            status = read_status(output_path)
-        except Exception:
-            status = None
-        if status is not None and status.status is Status.RUNNING:
-            return status
-        time.sleep(0.1)
-    return None
+def _driver_of(output_path: str) -> StatusRecord | None:
+    """The RUNNING status the driver wrote before it submitted the task (None: nothing to watch)."""
+    try:
+        status = read_status(output_path)
+    except Exception:
+        return None
+    return status if status is not None and status.status is Status.RUNNING else None
 
 
 def _local_pid(holder: str) -> int | None:
