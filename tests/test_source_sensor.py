@@ -143,6 +143,35 @@ def test_a_restarted_sensor_does_not_request_a_change_twice(tmp_path, prefix, da
     assert json.loads(persisted) == {download.name_with_hash: request.tags[SOURCE_VERSION_TAG]}
 
 
+def test_a_refresh_lost_before_it_ran_is_asked_again_with_its_tags(tmp_path, prefix, dagster_home, local_ray):
+    """The daemon made the run of a refresh and lost it at dequeue: the next tick asks again (tagged), once."""
+    from dagster._core.test_utils import create_run_for_test
+
+    from marin_assets.dagster.resubmit import RESUBMITTED_AFTER_TAG, RESUBMITTED_TAG
+
+    folder = tmp_path / "incoming"
+    folder.mkdir()
+    (folder / "one.txt").write_text("1\n")
+    download = url_download_step("raw/folder", [str(folder)])
+    h = Harness([download], prefix)
+    h.run(["raw/folder"])
+    (folder / "two.txt").write_text("2\n")
+    [request] = h.tick()
+    lost = create_run_for_test(h.instance, asset_selection=frozenset(request.asset_selection), tags={
+        **request.tags, "dagster/sensor_name": h.sensor.name, "dagster/run_key": request.run_key,
+        "dagster/max_retries": "0"})  # as the daemon made it; Dagster's own retries used up
+    h.instance.report_run_failed(lost, "Caught an unrecoverable error while dequeuing the run")
+    [again] = h.tick()
+    assert again.run_key == f"{request.run_key}#resubmit-1" and keys(again) == keys(request)
+    assert again.tags[FORCE_TAG] == request.tags[FORCE_TAG]
+    assert again.tags[SOURCE_VERSION_TAG] == request.tags[SOURCE_VERSION_TAG]
+    assert again.tags[RESUBMITTED_TAG] == "1" and again.tags[RESUBMITTED_AFTER_TAG] == lost.run_id
+    tags = {**again.tags, "dagster/sensor_name": h.sensor.name, "dagster/run_key": again.run_key}
+    h.run(again.asset_selection, tags)
+    assert read_record(download.output_path_under(prefix)).content_version == request.tags[SOURCE_VERSION_TAG]
+    assert h.tick() == []  # it succeeded: nothing more
+
+
 def test_a_new_commit_on_a_followed_branch_refreshes_and_a_pinned_commit_is_never_watched(
         tmp_path, prefix, dagster_home, local_ray, monkeypatch):
     repo = HubRepo("user/stories", {"data/a.txt": "one\n"})
