@@ -10,7 +10,8 @@ partition without a successful run, none with two. The runs join one local Ray (
 as a user's would, so that a trial pays for its evaluations, not for starting Ray in each of them.
 
 On the code before this soak (no run queue retries, no run retries, no run monitoring, no resubmission) its
-second trial hangs: the evaluation killed while STARTING is never finished nor asked again.
+first trial never settles: checkpoint 5's evaluation fails at dequeue after the restart ("Caught an
+unrecoverable error while dequeuing the run") and nothing asks for it again.
 """
 
 from __future__ import annotations
