@@ -38,21 +38,11 @@ from marin_assets.dagster.resubmit import RESUBMITTED_TAG
 from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
 from tests.support import soak_pipeline as soak
 from tests.support.daemon_instance import daemon_settings
-from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env
+from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env, wait_for
 
 SEED = 37
 MODULE = ROOT / "tests" / "support" / "soak_pipeline.py"
 DONE = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
-
-
-def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 class Deployment:
@@ -175,7 +165,7 @@ def run_trial(deployment: Deployment, trial: int, mode: str, rng: random.Random)
                 found = list_checkpoints(run_dir_of(train_out))
                 return MOMENTS[moment](runs_of(instance, trial), found)
             try:
-                wait_for(reached, 240, f"trial {trial}: {moment}")
+                wait_for(reached, f"trial {trial}: {moment}", timeout=240, interval=0.2)
             except AssertionError:
                 if training.poll() is None or len([r for r in runs_of(instance, trial) if r.status in DONE]) < 3:
                     raise
@@ -201,10 +191,11 @@ def run_trial(deployment: Deployment, trial: int, mode: str, rng: random.Random)
             busy = [r for r in runs if r.status not in DONE]
             return runs if succeeded >= {str(c) for c in soak.CHECKPOINTS} and not busy else None
 
-        wait_for(settled, 420, f"trial {trial}: every checkpoint's evaluation to succeed", interval=0.5)
+        wait_for(settled, f"trial {trial}: every checkpoint's evaluation to succeed", timeout=420, interval=0.5)
         # A few more ticks: a late resubmission or retry of a partition that already succeeded would show here.
         ticks = len(instance.get_ticks(*_sensor_origin(instance)))
-        wait_for(lambda: len(instance.get_ticks(*_sensor_origin(instance))) >= ticks + 3, 60, "three more ticks")
+        more = lambda: len(instance.get_ticks(*_sensor_origin(instance))) >= ticks + 3  # noqa: E731
+        wait_for(more, "three more ticks", timeout=60, interval=0.2)
     finally:
         training.kill()
     runs = runs_of(instance, trial)

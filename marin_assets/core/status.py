@@ -70,3 +70,19 @@ class StatusRecord:
 def new_holder_id() -> str:
     """A lease holder's name: `host:pid:random`, unique per acquisition attempt."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine: it exists and has not exited (a zombie, ended but not yet
+    reaped by its parent, has not). Another user's process counts as alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): it exists

@@ -21,7 +21,6 @@ The sensors' requests carry run keys; a resubmission's run key is the original's
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterable
@@ -29,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+
+from marin_assets.core.status import process_alive
 
 RESUBMITTED_TAG = "marin/resubmitted"
 """The attempt number of a request asked again after its run was lost (1, 2, …)."""
@@ -74,24 +75,6 @@ def worker_pid(instance: dg.DagsterInstance, run: dg.DagsterRun) -> int | None:
     return None
 
 
-def _process_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def fail_runs_with_lost_workers(instance: dg.DagsterInstance, runs: Iterable[dg.DagsterRun],
                                 log: Any = None) -> list[str]:
     """Mark failed each `STARTED` run among `runs` whose run worker, a process on this machine, is gone.
@@ -106,7 +89,7 @@ def fail_runs_with_lost_workers(instance: dg.DagsterInstance, runs: Iterable[dg.
         if run.status is not dg.DagsterRunStatus.STARTED:
             continue
         pid = worker_pid(instance, run)
-        if pid is None or not _process_gone(pid):
+        if pid is None or process_alive(pid):
             continue
         current = instance.get_run_by_id(run.run_id)
         if current is None or current.status is not dg.DagsterRunStatus.STARTED:

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from marin_assets.core.status import Status, StatusRecord
+from marin_assets.core.status import Status, StatusRecord, process_alive
 from marin_assets.core.stores import read_status
 
 CHECK_S = 5.0
@@ -49,12 +49,8 @@ def _local_pid(holder: str) -> int | None:
     if host != socket.gethostname() or not pid_text.isdigit():
         return None
     pid = int(pid_text)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not process_alive(pid):
         return None  # not visible from here (another pid namespace): the status check covers it
-    except PermissionError:
-        pass
     return pid if pid != os.getpid() else None
 
 
@@ -75,12 +71,8 @@ def _wait_for_exit(pid: int, timeout: float) -> bool:
     except (AttributeError, OSError):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+            if not process_alive(pid):
                 return True
-            except PermissionError:
-                pass
             time.sleep(0.05)
         return False
     try:

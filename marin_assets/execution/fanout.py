@@ -37,7 +37,6 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
-import os
 import socket
 import sys
 import threading
@@ -48,7 +47,7 @@ from typing import Any, Generic, TypeVar
 
 from marin_assets.core.decision import Action, decide
 from marin_assets.core.lease import Lease, LeaseLostError, LeaseSettings
-from marin_assets.core.status import Status, StatusRecord, new_holder_id
+from marin_assets.core.status import Status, StatusRecord, new_holder_id, process_alive
 from marin_assets.core.stores import status_store
 from marin_assets.execution.ray_runner import RemoteTraceback
 from marin_assets.execution.requests import InfeasibleRequestError, RayRequest, _fmt
@@ -156,16 +155,6 @@ def _try_claim(path: str, settings: LeaseSettings, run_id: str, *, success_is_do
 _NODE_TAG = "@ray-node:"
 
 
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _holder_id() -> str:
     """`host:pid:id`, plus `@ray-node:<id>` on a Ray worker, so a later fan-out can tell that the node
     holding a claim is gone instead of waiting out its stale timeout."""
@@ -202,7 +191,7 @@ class _GoneHolders:
             return f"its Ray node {node[:12]} is dead"
         host, _, rest = base.partition(":")
         pid = rest.partition(":")[0]
-        if node == self.own_node and host == socket.gethostname() and pid.isdigit() and not _pid_exists(int(pid)):
+        if node == self.own_node and host == socket.gethostname() and pid.isdigit() and not process_alive(int(pid)):
             return f"its process {pid} on this Ray node has exited"
         return None
 
