@@ -106,3 +106,74 @@ def test_a_run_waits_for_a_quiet_machine_and_never_calls_a_busy_start_quiet(benc
     assert "**not quiet: load 1.80 at start** (above 0.5 after waiting 25 s" in header
     assert "quiet: load average" not in header
     assert "not quiet: load 1.80 at start** (above 0.5 and no wait allowed" in run.Start(1.8, 0.5, 0.0).text()
+
+
+def imported_modules(path):
+    """Every module `path` imports (at any depth of its code)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found.add(node.module)
+    return found
+
+
+def test_bare_levanter_imports_only_levanter_and_the_standard_library():
+    import sys
+
+    modules = imported_modules(BENCH / "bare_levanter.py")
+    outside = {m for m in modules if m.split(".")[0] != "levanter" and m.split(".")[0] not in sys.stdlib_module_names}
+    assert not outside, outside
+    assert "levanter.main.train_lm" in modules
+
+
+def test_config_differences_name_every_field_that_differs(bench):
+    from dataclasses import dataclass
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BENCH))
+        from pipeline_throughput import config_differences
+
+    @dataclass
+    class Inner:
+        a: int
+        b: list
+
+    @dataclass
+    class Outer:
+        inner: Inner
+        name: str
+
+    @dataclass
+    class Wider(Outer):
+        extra: int = 0
+
+    assert config_differences(Outer(Inner(1, [1, 2]), "x"), Outer(Inner(1, [1, 2]), "x")) == []
+    assert config_differences(Outer(Inner(1, [1, 3]), "x"), Outer(Inner(2, [1, 2]), "y")) == ["inner.a", "inner.b[1]",
+                                                                                              "name"]
+    assert config_differences(Wider(Inner(1, []), "x", 5), Outer(Inner(1, []), "x")) == ["", "extra"]
+
+
+def test_the_noisy_copies_are_made_by_nlpaug_not_by_the_detectors_module(bench):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(BENCH))
+        import independent_noise
+
+    imports = imported_modules(BENCH / "independent_noise.py")
+    assert "nlpaug.augmenter.char" in imports
+    assert not any("fuzzy" in m or "shingles" in m for m in imports)  # nothing of the detector
+    source = (BENCH / "independent_noise.py").read_text()
+    assert "import NoisyCorpus, boilerplate" in source and "add_noise(" not in source  # the shape, not the noise
+    texts = bench["real_tokenize"].stdlib_texts(200 << 10)[:20]
+    for rate in independent_noise.RATES:
+        copies = [independent_noise.noisy_copy(text, rate, seed) for seed, text in enumerate(texts)]
+        assert copies == [independent_noise.noisy_copy(text, rate, seed) for seed, text in enumerate(texts)]
+        reached = sum(c.rate for c in copies) / len(copies)
+        assert 0.6 * rate <= reached <= 1.4 * rate, (rate, reached)
+        for text, copy in zip(texts, copies, strict=True):
+            assert copy.text.count("\n") == text.count("\n")  # the layout stays: only words are edited
+            if len(text) < 3000:  # the edits counted word by word are the copy's whole distance, or more
+                assert independent_noise.levenshtein(text, copy.text) <= copy.edits
