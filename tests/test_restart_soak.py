@@ -3,11 +3,12 @@
 Each trial trains a tiny model (its checkpoints land one after another) while the daemon's checkpoint sensor
 queues their evaluations; at seeded random moments — a checkpoint listed, an evaluation queued, one running,
 one done, plus a seeded delay — the daemon (its whole process group: its code server and the runs it
-launched, with SIGKILL or SIGTERM) or, in the last trial, a separately served code server (its process group:
-the runs it started) is killed, and restarted after a seeded pause. Each trial prints where it was killed and
-the runs it ended with. Every trial must end with every checkpoint's evaluation `SUCCESS` exactly once: no
-partition without a successful run, none with two. The runs join one local Ray (`marin-assets ray start`),
-as a user's would, so that a trial pays for its evaluations, not for starting Ray in each of them.
+launched, with SIGKILL or SIGTERM) or, in the last trial, a separately served code server (the server
+process, as a crash or a redeploy ends it: the runs it started go on) is killed, and restarted after a
+seeded pause. Each trial prints where it was killed and the runs it ended with. Every trial must end with
+every checkpoint's evaluation `SUCCESS` exactly once: no partition without a successful run, none with two.
+The runs join one local Ray (`marin-assets ray start`), as a user's would, so that a trial pays for its
+evaluations, not for starting Ray in each of them.
 
 On the code before this soak (no run queue retries, no run retries, no run monitoring, no resubmission) its
 first trial never settles: checkpoint 5's evaluation fails at dequeue after the restart ("Caught an
@@ -82,11 +83,15 @@ class Deployment:
         self.daemon = self._spawn("daemon", [str(BIN / "dagster-daemon"), "run", "-w", str(workspace)])
 
     @staticmethod
-    def kill(proc: subprocess.Popen | None, sig: int = signal.SIGKILL) -> None:
+    def kill(proc: subprocess.Popen | None, sig: int = signal.SIGKILL, group: bool = True) -> None:
+        """Kill `proc` (with its process group: what it started) and reap it."""
         if proc is None or proc.poll() is not None:
             return
         try:
-            os.killpg(proc.pid, sig)
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                os.kill(proc.pid, sig)
         except ProcessLookupError:
             return
         try:
@@ -173,7 +178,7 @@ def run_trial(deployment: Deployment, trial: int, mode: str, rng: random.Random)
             time.sleep(extra)
             where = snapshot(instance, trial, prefix)
             target = deployment.daemon if mode == "daemon" else deployment.code
-            deployment.kill(target, sig)
+            deployment.kill(target, sig, group=mode == "daemon")
             line = (f"trial {trial} ({mode}) kill {k + 1}/{kills}: {signal.Signals(sig).name} at '{moment}'"
                     f" + {extra} s — {where}; down {down} s")
             print(line)
