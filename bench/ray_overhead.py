@@ -170,22 +170,24 @@ def measure_cold_step(reps: int = 5) -> list[dict]:
     def median(kind: str, field: str) -> float:
         return statistics.median(s[field] or 0.0 for s in samples[kind])
 
+    def record(kind: str, digits: int, startup: str = "start-up") -> str:
+        """The medians the step's records hold: its own work and its start-up, apart."""
+        return (f"record: duration {median(kind, 'duration_s'):.{digits}f} s, {startup}"
+                f" {median(kind, 'startup_s'):.{digits}f} s")
+
     same = f"a plain Dagster no-op asset through the same CLI and executor ({executor})"
     ours = compare("step_cold_cli", "a do-nothing step (light: runs in the Dagster process) through `dagster asset"
                    f" materialize`, fresh instance and prefix, nothing running ÷ {same}", seconds("ours"),
-                   seconds("plain"), "s", goal=("ratio", "<=", 1.2),
-                   note=f"record: duration {median('ours', 'duration_s'):.3f} s, start-up"
-                        f" {median('ours', 'startup_s'):.3f} s")
+                   seconds("plain"), "s", goal=("ratio", "<=", 1.2), note=record("ours", 3))
     ray = compare("step_cold_cli_ray", "the same do-nothing step unmarked, as a user meets it by default (a Ray"
                   f" task; nothing running: the run starts an embedded Ray and a worker) ÷ {same}", seconds("ray"),
                   seconds("plain"), "s", goal=("ratio", "<=", 1.5),
-                  note=f"record: duration {median('ray', 'duration_s'):.2f} s, start-up"
-                       f" {median('ray', 'startup_s'):.2f} s; Ray ready after {median('ray', 'ray_ready_s'):.1f} s")
+                  note=f"{record('ray', 2)}; Ray ready after {median('ray', 'ray_ready_s'):.1f} s")
     local = compare("step_cold_cli_local", "the same do-nothing step unmarked, a local Ray left running by"
                     f" `marin-assets ray start` (the run joins it and spawns its worker) ÷ {same}", seconds("local"),
                     seconds("plain"), "s", goal=("ratio", "<=", 1.5),
-                    note=f"record: duration {median('local', 'duration_s'):.2f} s, start-up (join + worker)"
-                         f" {median('local', 'startup_s'):.2f} s; joined after {median('local', 'ray_ready_s'):.2f} s")
+                    note=f"{record('local', 2, 'start-up (join + worker)')}; joined after"
+                         f" {median('local', 'ray_ready_s'):.2f} s")
     reused = compare("step_cold_cli_local_vs_embedded", "the unmarked step joining a local Ray ÷ starting an embedded"
                      " one: what `marin-assets ray start` saves a run", seconds("local"), seconds("ray"), "s")
     return [ours, ray, local, reused]

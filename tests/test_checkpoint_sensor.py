@@ -22,7 +22,7 @@ from marin_assets.dagster.instance import write_instance_yaml
 from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
 from resources import StorageResource
 from tests.support import automation_pipeline as auto
-from tests.support.daemon_instance import daemon_settings
+from tests.support.daemon_instance import daemon_settings, wait_for_ticks
 from tests.support.helpers import BIN, ROOT, subprocess_env
 
 
@@ -170,7 +170,7 @@ def test_under_the_daemon_every_checkpoint_is_evaluated_once_across_a_restart(da
             return runs if len(succeeded) >= len(auto.CHECKPOINTS) and len(done) == len(runs) else None
 
         runs = wait_for(all_evaluated, 420, "every checkpoint's evaluation to finish")
-        time.sleep(5)  # a few more ticks: nothing new
+        wait_for_ticks(instance, auto.sensor.name)  # a few more ticks: nothing new
         runs = runs_of_sensor(instance)
     finally:
         stop(daemon)

@@ -119,9 +119,11 @@ def test_a_live_holder_is_waited_for_by_the_plan_the_lease_and_a_dependent(prefi
 
     def finish_later():
         wait_for(lambda: any("waiting for dependency d/up" in m for m in said.messages), "the dependent waiting")
-        # held well past the stale timeout while the dependent waits (a span the test needs, not a wait for
-        # something): only the heartbeats keep the lease live
-        time.sleep(4 * SETTINGS.stale_timeout)
+        # held until the heartbeats have carried the lease well past the stale timeout while the dependent
+        # waits: only they keep it live
+        taken = lease.record.heartbeat
+        wait_for(lambda: read_status(out).heartbeat >= taken + 4 * SETTINGS.stale_timeout,
+                 "the heartbeats to renew the lease past four stale timeouts")
         compute_and_commit(upstream, out, prefix, lease, run_in_process, None, logging.getLogger(), False)
 
     holder = threading.Thread(target=finish_later, daemon=True)

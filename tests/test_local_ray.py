@@ -145,7 +145,8 @@ def test_a_stale_address_file_is_named_and_ignored(tmp_path, monkeypatch, caplog
 def test_a_holder_whose_ray_does_not_answer_is_stale(tmp_path, monkeypatch):
     """A live holder (a stand-in with the holder's command line) whose GCS port is closed."""
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
-    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", local_ray.HOLDER])
+    stand_in = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", local_ray.HOLDER],
+                                stdin=subprocess.PIPE)  # lives until it is signalled (or its stdin closes)
     try:
         while not local_ray._is_holder(stand_in.pid):  # until it has exec'd: its command line says holder
             time.sleep(0.01)

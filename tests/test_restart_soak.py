@@ -38,7 +38,7 @@ from marin_assets.dagster.naming import asset_key
 from marin_assets.dagster.resubmit import RESUBMITTED_TAG
 from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
 from tests.support import soak_pipeline as soak
-from tests.support.daemon_instance import daemon_settings
+from tests.support.daemon_instance import daemon_settings, wait_for_ticks
 from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env, wait_for
 
 SEED = 37
@@ -198,9 +198,7 @@ def run_trial(deployment: Deployment, trial: int, mode: str, rng: random.Random)
 
         wait_for(settled, f"trial {trial}: every checkpoint's evaluation to succeed", timeout=420, interval=0.5)
         # A few more ticks: a late resubmission or retry of a partition that already succeeded would show here.
-        ticks = len(instance.get_ticks(*_sensor_origin(instance)))
-        more = lambda: len(instance.get_ticks(*_sensor_origin(instance))) >= ticks + 3  # noqa: E731
-        wait_for(more, "three more ticks", timeout=60, interval=0.2)
+        wait_for_ticks(instance, soak.SENSOR)
     finally:
         training.kill()
     runs = runs_of(instance, trial)
@@ -214,11 +212,6 @@ def run_trial(deployment: Deployment, trial: int, mode: str, rng: random.Random)
         status = read_status(soak.evals[trial].step(checkpoint).output_path_under(prefix))
         assert status is not None and status.status is Status.SUCCESS, (checkpoint, status)
     return printed
-
-
-def _sensor_origin(instance: dg.DagsterInstance) -> tuple[str, str]:
-    [state] = [s for s in instance.all_instigator_state() if s.name == soak.SENSOR]
-    return state.instigator_origin_id, state.selector_id
 
 
 @pytest.mark.parametrize("trial, mode", [(0, "daemon"), (1, "daemon"), (2, "code_server")])

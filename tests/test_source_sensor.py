@@ -127,7 +127,8 @@ def test_new_file_in_a_local_folder_is_a_change_and_a_rewritten_one_too(tmp_path
     assert len(h.tick()) == 1
 
 
-def test_a_restarted_sensor_does_not_request_a_change_twice(tmp_path, prefix, dagster_home, local_ray):
+def a_changed_folder(tmp_path, prefix) -> tuple[Step, Harness, dg.RunRequest]:
+    """A folder download materialized, then a file added to it: the download, the harness, the tick's request."""
     folder = tmp_path / "incoming"
     folder.mkdir()
     (folder / "one.txt").write_text("1\n")
@@ -136,6 +137,11 @@ def test_a_restarted_sensor_does_not_request_a_change_twice(tmp_path, prefix, da
     h.run(["raw/folder"])
     (folder / "two.txt").write_text("2\n")
     [request] = h.tick()
+    return download, h, request
+
+
+def test_a_restarted_sensor_does_not_request_a_change_twice(tmp_path, prefix, dagster_home, local_ray):
+    download, h, request = a_changed_folder(tmp_path, prefix)
     persisted = h.cursor
     restarted = Harness([download], prefix)  # a new daemon process reads the cursor it persisted
     restarted.cursor = persisted
@@ -149,14 +155,7 @@ def test_a_refresh_lost_before_it_ran_is_asked_again_with_its_tags(tmp_path, pre
 
     from marin_assets.dagster.resubmit import RESUBMITTED_AFTER_TAG, RESUBMITTED_TAG
 
-    folder = tmp_path / "incoming"
-    folder.mkdir()
-    (folder / "one.txt").write_text("1\n")
-    download = url_download_step("raw/folder", [str(folder)])
-    h = Harness([download], prefix)
-    h.run(["raw/folder"])
-    (folder / "two.txt").write_text("2\n")
-    [request] = h.tick()
+    download, h, request = a_changed_folder(tmp_path, prefix)
     lost = create_run_for_test(h.instance, asset_selection=frozenset(request.asset_selection), tags={
         **request.tags, "dagster/sensor_name": h.sensor.name, "dagster/run_key": request.run_key,
         "dagster/max_retries": "0"})  # as the daemon made it; Dagster's own retries used up

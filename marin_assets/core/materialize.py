@@ -29,7 +29,7 @@ from marin_assets.core.record import ArtifactRecord, RecordNotAvailableError, re
 from marin_assets.core.results import encode_result, type_name
 from marin_assets.core.status import LOCK_FILE, STATUS_FILE, Status, StatusRecord
 from marin_assets.core.step import Step
-from marin_assets.core.stores import read_status, status_store
+from marin_assets.core.stores import StatusStore, read_status, status_store
 from marin_assets.core.throughput import Sample
 from marin_assets.core.versions import content_version, current_input_versions
 
@@ -128,7 +128,7 @@ def materialize_step(
                        waited_s=lease.waited_s, took_over=took_over)
 
 
-def _look(step: Step, out: str, store: Any, prefix: str, settings: LeaseSettings,
+def _look(step: Step, out: str, store: StatusStore, prefix: str, settings: LeaseSettings,
           recompute: str | None) -> tuple[Decision, ArtifactRecord | None]:
     """`decide_output` on the current status; if the record of a SUCCESS went missing because the status
     changed meanwhile (`marin-assets gc` deleting the output), look once more at what is there now."""

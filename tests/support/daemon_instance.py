@@ -3,7 +3,10 @@ instance.py`), with the run queue's intervals shortened so a test does not wait 
 
 from typing import Any
 
+import dagster as dg
+
 from marin_assets.dagster.instance import instance_settings
+from tests.support.helpers import wait_for
 
 
 def daemon_settings(max_concurrent_runs: int = 2, start_timeout_s: int = 45) -> dict[str, Any]:
@@ -18,3 +21,16 @@ def daemon_settings(max_concurrent_runs: int = 2, start_timeout_s: int = 45) -> 
                                               "max_concurrent_runs": max_concurrent_runs,
                                               "dequeue_interval_seconds": 1}}
     return settings
+
+
+def sensor_ticks(instance: dg.DagsterInstance, sensor: str) -> int:
+    """How many ticks of `sensor` the daemon has recorded."""
+    [state] = [s for s in instance.all_instigator_state() if s.name == sensor]
+    return len(instance.get_ticks(state.instigator_origin_id, state.selector_id))
+
+
+def wait_for_ticks(instance: dg.DagsterInstance, sensor: str, more: int = 3, timeout: float = 60.0) -> None:
+    """Wait until the daemon has ticked `sensor` `more` more times: what a late request would show in."""
+    seen = sensor_ticks(instance, sensor)
+    wait_for(lambda: sensor_ticks(instance, sensor) >= seen + more, f"{more} more ticks of {sensor}",
+             timeout=timeout, interval=0.2)
