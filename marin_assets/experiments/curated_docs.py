@@ -10,17 +10,23 @@ removed more than half of its input.
 
 from __future__ import annotations
 
-from marin_assets.core.step import Step
+from marin_assets import Experiment, Step
 from marin_assets.experiments import small_lm
-from marin_assets.pipeline.curation.decontaminate import EvalSet, decontaminate_step
-from marin_assets.pipeline.curation.exact_dedup import exact_dedup_step
-from marin_assets.pipeline.curation.fuzzy_dedup import fuzzy_dedup_step
-from marin_assets.pipeline.curation.heuristics import heuristic_filter_step
-from marin_assets.pipeline.curation.normalize import normalize_step
-from marin_assets.pipeline.curation.planted import EVAL_SETS, planted_corpus_step
-from marin_assets.pipeline.curation.quality import quality_classifier_step, quality_filter_step
-from marin_assets.pipeline.experiment import Experiment
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.steps import (
+    PLANTED_EVAL_SETS,
+    EvalSet,
+    ModelSpec,
+    OptimizerSpec,
+    TrainerSpec,
+    decontaminate_step,
+    exact_dedup_step,
+    fuzzy_dedup_step,
+    heuristic_filter_step,
+    normalize_step,
+    planted_corpus_step,
+    quality_classifier_step,
+    quality_filter_step,
+)
 
 DATASET = "curated-docs"
 MODEL = ModelSpec(family="llama", hidden_dim=64, intermediate_dim=256, num_layers=2, num_heads=4, num_kv_heads=4,
@@ -43,7 +49,7 @@ def curation(prefix: str = DATASET, seed: int = 0, shard_bytes: int = 100_000) -
     exact = exact_dedup_step(f"curated/{prefix}-exact-dedup", quality)  # line-level dedup would cut near-copies apart
     fuzzy = fuzzy_dedup_step(f"curated/{prefix}-fuzzy-dedup", exact)
     decontaminated = decontaminate_step(f"curated/{prefix}-decontaminated", fuzzy,
-                                        [EvalSet(name, raw, (f"evalsets/{name}.jsonl",)) for name in EVAL_SETS])
+                                        [EvalSet(name, raw, (f"evalsets/{name}.jsonl",)) for name in PLANTED_EVAL_SETS])
     return {"raw": raw, "normalized": normalized, **{f"labeled_{k}": v for k, v in labeled.items()},
             "classifier": classifier, "heuristics": heuristics, "quality": quality, "exact": exact, "fuzzy": fuzzy,
             "decontaminated": decontaminated}

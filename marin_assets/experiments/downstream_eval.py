@@ -8,13 +8,16 @@ one checkpoint sensor for both, so a checkpoint's loss and task evaluations run 
 
 from __future__ import annotations
 
-from marin_assets.core.step import Step
+from marin_assets import Experiment, Step
 from marin_assets.experiments import python_docs
-from marin_assets.pipeline.evals.harness import harness_checkpoint_evals, harness_eval_step
-from marin_assets.pipeline.evals.harness_tasks import HarnessTask, shipped_tasks
-from marin_assets.pipeline.evals.steps import CheckpointEvals
-from marin_assets.pipeline.experiment import Experiment
-from marin_assets.pipeline.training.run import TrainStep
+from marin_assets.steps import (
+    CheckpointEvals,
+    HarnessTask,
+    TrainStep,
+    harness_checkpoint_evals,
+    harness_eval_step,
+    shipped_tasks,
+)
 
 NUM_FEWSHOT = 1
 """One example before each question: the demo model reads 128 tokens; with two, 381 of the next-sentence task's

@@ -26,20 +26,24 @@ import os
 import random
 from collections.abc import Iterator
 
-from marin_assets.core.step import Step, made_by
+from marin_assets import Experiment, Step, made_by
 from marin_assets.experiments import sft_chat
-from marin_assets.pipeline.data.preference import preference_data_step
-from marin_assets.pipeline.data.readers import iter_records
-from marin_assets.pipeline.data.text_files import expand_files, local_dir_for
-from marin_assets.pipeline.evals.loss import evaluate_step
-from marin_assets.pipeline.experiment import Experiment
-from marin_assets.pipeline.tokens.preference import preference_tokenize_step
-from marin_assets.pipeline.training.dpo import dpo_step
-from marin_assets.pipeline.training.export import export_step
-from marin_assets.pipeline.training.reference_logprobs import reference_logprobs_step
-from marin_assets.pipeline.training.run import TrainStep
-from marin_assets.pipeline.training.sources import from_checkpoint, from_hf
-from marin_assets.pipeline.training.specs import OptimizerSpec, TrainerSpec
+from marin_assets.steps import (
+    OptimizerSpec,
+    TrainerSpec,
+    TrainStep,
+    dpo_step,
+    evaluate_step,
+    expand_files,
+    export_step,
+    from_checkpoint,
+    from_hf,
+    iter_records,
+    local_dir_for,
+    preference_data_step,
+    preference_tokenize_step,
+    reference_logprobs_step,
+)
 
 SEED = 0
 """Which wrong answer each question gets (enters identity)."""

@@ -1,7 +1,7 @@
 """The demo until the LLM pipeline lands: numbers → statistics → report."""
 
-from marin_assets.pipeline.experiment import Experiment
-from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
+from marin_assets import Experiment
+from marin_assets.steps import numbers_step, report_step, stats_step
 
 numbers = numbers_step("hello/numbers", n=1000, seed=0)
 stats = stats_step("hello/stats", numbers)

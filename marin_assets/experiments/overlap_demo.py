@@ -11,13 +11,9 @@ prints the matrix.
 
 from __future__ import annotations
 
-from marin_assets.core.step import Step
+from marin_assets import Experiment, Step
 from marin_assets.experiments import python_docs
-from marin_assets.pipeline.evals.harness_tasks import shipped_tasks
-from marin_assets.pipeline.experiment import Experiment
-from marin_assets.pipeline.reports.overlap import overlap_step
-from marin_assets.pipeline.tokens.tokenize import TokenizeStep
-from marin_assets.pipeline.training.lineage import training_datasets_of
+from marin_assets.steps import TokenizeStep, overlap_step, shipped_tasks, training_datasets_of
 
 
 def build(pipeline: dict[str, Step], prefix: str) -> Step:

@@ -8,12 +8,9 @@ ln(vocab) as a real run's does and is still falling at the end. `build()` makes 
 
 from __future__ import annotations
 
-from marin_assets.core.step import Step
+from marin_assets import Experiment, Step
 from marin_assets.experiments import small_lm
-from marin_assets.pipeline.data.python_docs import PythonBuild, python_docs_step
-from marin_assets.pipeline.evals.steps import CheckpointEvals
-from marin_assets.pipeline.experiment import Experiment
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.steps import CheckpointEvals, ModelSpec, OptimizerSpec, PythonBuild, TrainerSpec, python_docs_step
 
 DATASET = "python-docs"
 MODEL = ModelSpec(family="llama", hidden_dim=128, intermediate_dim=512, num_layers=2, num_heads=4, num_kv_heads=4,

@@ -16,17 +16,23 @@ from __future__ import annotations
 
 import dataclasses
 
-from marin_assets.core.step import Step
+from marin_assets import Experiment, Step
 from marin_assets.experiments import python_docs
-from marin_assets.pipeline.evals.loss import evaluate_step
-from marin_assets.pipeline.experiment import Experiment
-from marin_assets.pipeline.tokens.chat import chat_tokenize_step
-from marin_assets.pipeline.training.export import export_step
-from marin_assets.pipeline.training.rl import RlSpec, rl_step
-from marin_assets.pipeline.training.rl_envs import SequentialDigits, worked_examples_step
-from marin_assets.pipeline.training.sft import SFT_OPTIMIZER, sft_step
-from marin_assets.pipeline.training.sources import from_checkpoint, from_hf
-from marin_assets.pipeline.training.specs import OptimizerSpec, TrainerSpec
+from marin_assets.steps import (
+    SFT_OPTIMIZER,
+    OptimizerSpec,
+    RlSpec,
+    SequentialDigits,
+    TrainerSpec,
+    chat_tokenize_step,
+    evaluate_step,
+    export_step,
+    from_checkpoint,
+    from_hf,
+    rl_step,
+    sft_step,
+    worked_examples_step,
+)
 
 ENV = SequentialDigits(length=3, min_prompt=2, max_prompt=8, steps=(1, 2))
 """107 training and 33 held-out runs of digits counting by one or by two modulo 10; three digits to continue with."""
@@ -68,7 +74,7 @@ def main() -> None:
     from marin_assets.core.materialize import materialize_step
     from marin_assets.core.record import load_result
     from marin_assets.core.step import walk
-    from marin_assets.pipeline.training.run import TrainResult
+    from marin_assets.steps import TrainResult
 
     for step in walk(steps):
         outcome = materialize_step(step)

@@ -12,13 +12,16 @@ predicted 4.97 at 3e11, where the run reached 4.72 (−5 %).
 
 from __future__ import annotations
 
-from marin_assets.core.step import Step
+from marin_assets import Experiment, Step
 from marin_assets.experiments import python_docs
-from marin_assets.pipeline.experiment import Experiment
-from marin_assets.pipeline.reports.optimal_run import optimal_run_step
-from marin_assets.pipeline.reports.scaling_analysis import scaling_laws_step
-from marin_assets.pipeline.training.isoflop import IsoFlopScale, budget_label
-from marin_assets.pipeline.training.isoflop_sweep import IsoFlopSweep, isoflop_sweep
+from marin_assets.steps import (
+    IsoFlopScale,
+    IsoFlopSweep,
+    budget_label,
+    isoflop_sweep,
+    optimal_run_step,
+    scaling_laws_step,
+)
 
 BUDGETS = (3e10, 1e11, 3e11)
 NEXT_BUDGET = 1e12

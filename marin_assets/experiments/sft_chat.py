@@ -17,17 +17,21 @@ import json
 import os
 from collections.abc import Iterator
 
-from marin_assets.core.step import Step, made_by
+from marin_assets import Experiment, Step, made_by
 from marin_assets.experiments import python_docs
-from marin_assets.pipeline.data.readers import iter_records
-from marin_assets.pipeline.data.text_files import expand_files, local_dir_for
-from marin_assets.pipeline.evals.loss import evaluate_step
-from marin_assets.pipeline.experiment import Experiment
-from marin_assets.pipeline.tokens.chat import chat_tokenize_step
-from marin_assets.pipeline.training.export import export_step
-from marin_assets.pipeline.training.sft import SFT_OPTIMIZER, sft_step
-from marin_assets.pipeline.training.sources import from_hf
-from marin_assets.pipeline.training.specs import OptimizerSpec, TrainerSpec
+from marin_assets.steps import (
+    SFT_OPTIMIZER,
+    OptimizerSpec,
+    TrainerSpec,
+    chat_tokenize_step,
+    evaluate_step,
+    expand_files,
+    export_step,
+    from_hf,
+    iter_records,
+    local_dir_for,
+    sft_step,
+)
 
 SYSTEM = "You are a helpful assistant who knows the Python standard library."
 TRAINER = TrainerSpec(num_train_steps=60, train_batch_size=16, checkpoint_every=30, steps_per_eval=20,

@@ -3,22 +3,26 @@ a small language model → Hugging Face export → evaluation. Experiments diffe
 
 from __future__ import annotations
 
-from marin_assets.core.step import Step
-from marin_assets.pipeline.evals.loss import evaluate_step, loss_checkpoint_evals
-from marin_assets.pipeline.evals.steps import CheckpointEvals
-from marin_assets.pipeline.tokens.tokenize import tokenize_step
-from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
-from marin_assets.pipeline.training.export import export_step
-from marin_assets.pipeline.training.run import TrainStep
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets import Step
+from marin_assets.steps import (
+    CheckpointEvals,
+    ModelSpec,
+    OptimizerSpec,
+    TrainerSpec,
+    TrainStep,
+    bpe_tokenizer_step,
+    evaluate_step,
+    export_step,
+    loss_checkpoint_evals,
+    tokenize_step,
+    train_step,
+)
 
 
 def build(prefix: str, corpus: Step, dataset: str, vocab_size: int, model: ModelSpec, trainer: TrainerSpec,
           optimizer: OptimizerSpec) -> dict[str, Step]:
     """The steps after `corpus`, named `tokenizers/{prefix}-bpe` … `evals/{prefix}-llama`; `dataset`
     names the corpus in the mixture (and in the eval metrics)."""
-    from marin_assets.pipeline.training.pretrain import train_step
-
     tokenizer = bpe_tokenizer_step(f"tokenizers/{prefix}-bpe", corpus, vocab_size=vocab_size)
     tokenized = tokenize_step(f"tokenized/{prefix}-bpe", corpus, tokenizer)
     train = train_step(f"checkpoints/{prefix}-llama", {dataset: tokenized}, model, optimizer, trainer)

@@ -4,11 +4,9 @@ template sentences almost perfectly, which no real run does."""
 
 from __future__ import annotations
 
-from marin_assets.core.step import Step
+from marin_assets import Step
 from marin_assets.experiments import small_lm
-from marin_assets.pipeline.data.corpus import corpus_step
-from marin_assets.pipeline.evals.steps import CheckpointEvals
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.steps import CheckpointEvals, ModelSpec, OptimizerSpec, TrainerSpec, corpus_step
 
 DATASET = "stories"
 MODEL = ModelSpec(family="llama", hidden_dim=128, intermediate_dim=512, num_layers=2, num_heads=4, num_kv_heads=4,

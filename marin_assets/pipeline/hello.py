@@ -73,7 +73,10 @@ def write_report(stats: Stats, title: str, output_path: str) -> str:
 
 
 def numbers_step(name: str, n: int, seed: int = 0) -> Step:
-    """The hello-world source: `n` random numbers from `seed`."""
+    """The hello-world source: `n` random numbers from `seed`.
+
+    Identity: `n`, `seed`.
+    """
     return Step(
         name=name,
         fn=lambda out: generate_numbers(out, n=n, seed=seed),
@@ -83,7 +86,10 @@ def numbers_step(name: str, n: int, seed: int = 0) -> Step:
 
 
 def stats_step(name: str, numbers: Step) -> Step:
-    """Statistics of a numbers step's output."""
+    """Statistics of a numbers step's output.
+
+    Identity: `numbers`, its dependency, alone.
+    """
     return Step(
         name=name,
         fn=lambda out: compute_stats(numbers.output_path, out),
@@ -93,7 +99,10 @@ def stats_step(name: str, numbers: Step) -> Step:
 
 
 def report_step(name: str, stats: Step, title: str) -> Step:
-    """A titled markdown report of a stats step's result."""
+    """A titled markdown report of a stats step's result.
+
+    Identity: `title` (and `stats`, its dependency).
+    """
     return Step(
         name=name,
         fn=lambda out: write_report(load_result(stats, Stats), title, out),

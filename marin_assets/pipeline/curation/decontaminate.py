@@ -450,9 +450,12 @@ def decontaminate_step(name: str, dataset: Step, eval_sets: Sequence[EvalSet], n
                        threshold: float = 0.5, mode: str = "remove_paragraph", paragraph_separator: str = "\n",
                        workers: int = 1, max_removed_fraction: float = 0.5,
                        false_positive_rate: float = 1e-6, across_paragraphs: bool = True) -> Step:
-    """`dataset` (curated shards) decontaminated against `eval_sets`. Identity: the sets (name, step, files,
-    field, format), `ngram`, `threshold`, `mode`, `paragraph_separator`, `across_paragraphs` (when on); not
-    `workers` nor the Bloom filter's `false_positive_rate` (hits are confirmed exactly)."""
+    """`dataset` (curated shards) decontaminated against `eval_sets`.
+
+    Identity: the sets (name, step, files, field, format), `ngram`, `threshold`, `mode`, `paragraph_separator`,
+    `across_paragraphs` (when on); not `workers` nor the Bloom filter's `false_positive_rate` (hits are confirmed
+    exactly).
+    """
     chosen = Decontaminate(tuple(eval_sets), ngram, threshold, mode, paragraph_separator, false_positive_rate,
                            across_paragraphs)
     problem = chosen.problem()

@@ -398,7 +398,11 @@ def exact_dedup(output_path: str, dataset_path: str, paragraphs: bool = False, p
 def exact_dedup_step(name: str, dataset: Step, paragraphs: bool = False, paragraph_separator: str = "\n",
                      buckets: int | None = None, workers: int = 1, max_removed_fraction: float = 0.5) -> Step:
     """`dataset` (normalized) without repeated documents (and paragraphs); `buckets` and `workers` only change how
-    the work is split, not the output, so they are not part of the step's identity."""
+    the work is split, not the output, so they are not part of the step's identity.
+
+    Identity: `paragraphs`, `paragraph_separator` (when `paragraphs`) and the hash (and `dataset`); not `buckets`,
+    `workers` nor `max_removed_fraction`.
+    """
     _check_arguments(paragraph_separator, buckets)
     return filter_step(name, dataset, ExactDedup(paragraphs, paragraph_separator, buckets), workers=workers,
                        max_removed_fraction=max_removed_fraction, description=made_by(exact_dedup))

@@ -143,9 +143,11 @@ def run_filter(output_path: str, dataset_path: str, chosen: CurationFilter, work
 
 def filter_step(name: str, dataset: Step, chosen: CurationFilter, *, workers: int = 1,
                 max_removed_fraction: float = 0.5, description: str | None = None) -> Step:
-    """`dataset` (curated shards) through `chosen` as a step. Identity: the stage, `chosen.identity()`, the
-    format and the deps (`dataset`, `chosen.deps()`); not `workers` nor `max_removed_fraction`, the limit
-    of its `removed_fraction_within` check."""
+    """`dataset` (curated shards) through `chosen` as a step.
+
+    Identity: the stage, `chosen.identity()`, the format and the deps (`dataset`, `chosen.deps()`); not `workers`
+    nor `max_removed_fraction`, the limit of its catastrophic-removal check.
+    """
     return curation_step(name, chosen.name, lambda out: run_filter(out, dataset.output_path, chosen, workers),
                          dataset, chosen.identity(), description=description or made_by(type(chosen)),
                          max_removed_fraction=max_removed_fraction, more_deps=chosen.deps(), kinds=chosen.kinds)

@@ -320,7 +320,12 @@ def fuzzy_dedup_step(name: str, dataset: Step, ngram: int | None = None, num_per
                      workers: int = 1, max_removed_fraction: float = 0.5, shingles: str = "word",
                      normalize_punctuation: bool | None = None, window: int | None = None) -> Step:
     """`dataset` (normalized shards) without its near-duplicates (`fuzzy_dedup`); `buckets` and `workers` only
-    change how."""
+    change how.
+
+    Identity: `ngram`, `num_perm`, `bands`, `threshold`, `seed`, the MinHash version, and `shingles`,
+    `normalize_punctuation` and `window` when not the word defaults (and `dataset`); not `buckets`, `workers` nor
+    `max_removed_fraction`.
+    """
     chosen = FuzzyDedup(ngram, num_perm, bands, threshold, seed, buckets, shingles, normalize_punctuation, window)
     problem = chosen.problem()
     if problem:

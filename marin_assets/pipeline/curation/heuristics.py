@@ -103,6 +103,9 @@ def heuristic_filter(output_path: str, dataset_path: str, rules: HeuristicRules 
 
 def heuristic_filter_step(name: str, dataset: Step, rules: HeuristicRules = DEFAULT_RULES, workers: int = 1,
                           max_removed_fraction: float = 0.5) -> Step:
-    """`dataset` without the documents that fail a heuristic rule; every threshold is identity."""
+    """`dataset` without the documents that fail a heuristic rule; every threshold is identity.
+
+    Identity: `rules` (every threshold) and the measures (and `dataset`); not `workers` nor `max_removed_fraction`.
+    """
     return filter_step(name, dataset, HeuristicFilter(rules), workers=workers,
                        max_removed_fraction=max_removed_fraction, description=made_by(heuristic_filter))

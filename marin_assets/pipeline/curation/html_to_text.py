@@ -341,7 +341,11 @@ def html_to_text_step(name: str, dataset: Step, splits: dict[str, list[str]] | N
                       text_format: str = "auto", main_content: bool = True, workers: int = 1,
                       max_removed_fraction: float = 0.5, min_chars: int = 1,
                       target_shard_bytes: int = 64 << 20) -> Step:
-    """`dataset`'s HTML pages (documents with `html_field`, or WARC files) as curated text shards."""
+    """`dataset`'s HTML pages (documents with `html_field`, or WARC files) as curated text shards.
+
+    Identity: `html_field`, `splits`, `text_format`, `main_content`, `min_chars`, `target_shard_bytes`, the
+    extractor and its options (and `dataset`); not `workers` nor `max_removed_fraction`.
+    """
     if text_format not in FORMATS or min_chars < 1:
         raise StepDefinitionError(f"{STAGE} step {name!r}: text_format must be one of {', '.join(FORMATS)} (got"
                                   f" {text_format!r}) and min_chars at least 1 (got {min_chars})")

@@ -80,7 +80,11 @@ def _files_folder(output_path: str, split: str, number: int) -> str:
 def normalize_step(name: str, dataset: Step, splits: dict[str, list[str]] | None = None, text_field: str = "text",
                    text_format: str = "auto", target_shard_bytes: int = 64 << 20, workers: int = 1,
                    max_removed_fraction: float = 0.5) -> Step:
-    """`dataset` (any supported format) as curated parquet shards of about `target_shard_bytes` each."""
+    """`dataset` (any supported format) as curated parquet shards of about `target_shard_bytes` each.
+
+    Identity: `splits`, `text_field`, `text_format`, `target_shard_bytes` (and `dataset`); not `workers` nor
+    `max_removed_fraction` (its check's limit).
+    """
     chosen: Sequence[Any] | dict[str, list[str]] | str = ({k: list(v) for k, v in splits.items()} if splits is not None
                                                            else "from-layout")
     return curation_step(

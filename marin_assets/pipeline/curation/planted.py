@@ -295,7 +295,10 @@ def plant_corpus(output_path: str, seed: int = 0, base_documents: int = 200, exa
 
 def planted_corpus_step(name: str, seed: int = 0, python: PythonBuild | None = None) -> Step:
     """The planted corpus (real documentation with known duplicates, junk and contamination) as a raw dataset.
-    Its text is a Python build's documentation, so the build (default: the running one) is identity."""
+    Its text is a Python build's documentation, so the build (default: the running one) is identity.
+
+    Identity: `seed`, `python` and the planting's version.
+    """
     python = python or PythonBuild.current()
 
     def plant(out: str) -> PlantedTruth:

@@ -275,7 +275,10 @@ def quality_filter_step(name: str, dataset: Step, classifier: Step, threshold: f
                         top_fraction: float | None = None, workers: int = 1,
                         max_removed_fraction: float = 0.5) -> Step:
     """`dataset` without the documents `classifier` scores low (below `threshold`, or outside the
-    `top_fraction` best), with each kept document's score."""
+    `top_fraction` best), with each kept document's score.
+
+    Identity: `threshold`, `top_fraction` (and `dataset`, `classifier`); not `workers` nor `max_removed_fraction`.
+    """
     problem = check_selection(threshold, top_fraction)
     if problem:
         raise StepDefinitionError(f"step {name!r}: {problem}")

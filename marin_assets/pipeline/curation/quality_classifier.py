@@ -229,7 +229,11 @@ def quality_classifier_step(name: str, positives: Step, negatives: Step, validat
                             min_count: int = 1, seed: int = 0, buckets: int = 200_000,
                             min_validation_accuracy: float = 0.6) -> Step:
     """A fastText quality classifier trained on two normalized datasets (good, bad) as a step;
-    `min_validation_accuracy` (not identity) is its check's floor."""
+    `min_validation_accuracy` (not identity) is its check's floor.
+
+    Identity: `validation_fraction`, `epochs`, `learning_rate`, `word_ngrams`, `dim`, `min_count`, `seed`,
+    `buckets`, fastText's version (and `positives`, `negatives`); not `min_validation_accuracy`.
+    """
     if not 0 <= validation_fraction < 1:
         raise StepDefinitionError(f"step {name!r}: validation_fraction must be in [0, 1), got {validation_fraction}")
     options: dict[str, Any] = dict(validation_fraction=validation_fraction, epochs=epochs, learning_rate=learning_rate,

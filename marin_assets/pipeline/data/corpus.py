@@ -110,7 +110,10 @@ def generate_corpus(output_path: str, train_documents: int, validation_documents
 
 
 def corpus_step(name: str, train_documents: int, validation_documents: int, seed: int = 0, shards: int = 4) -> Step:
-    """A generated corpus of short stories (`train/` and `validation/` from different seeds)."""
+    """A generated corpus of short stories (`train/` and `validation/` from different seeds).
+
+    Identity: `train_documents`, `validation_documents`, `seed`, `shards` and the generator's version.
+    """
     return Step(
         name=name,
         fn=lambda out: generate_corpus(out, train_documents, validation_documents, seed, shards),

@@ -292,8 +292,12 @@ FILES_MATCH_RECORD = Check("files_match_record", files_match_record,
 
 def hf_download_step(name: str, repo_id: str, revision: str, include: Sequence[str] = ("*",),
                      repo_type: str = "dataset") -> Step:
-    """Pin `revision` to a commit sha for a reproducible identity; a branch is followed by the
-    source sensor (its commit is the step's source version), a pinned commit never changes."""
+    """A copy of a Hugging Face repository's `include` files at `revision`, resumable.
+    Pin `revision` to a commit sha for a reproducible identity; a branch is followed by the
+    source sensor (its commit is the step's source version), a pinned commit never changes.
+
+    Identity: `repo_id`, `revision`, `include`, `repo_type`.
+    """
     return Step(
         name=name,
         fn=lambda out: download_hf(out, repo_id, revision, include, repo_type),
@@ -307,7 +311,10 @@ def hf_download_step(name: str, repo_id: str, revision: str, include: Sequence[s
 
 
 def url_download_step(name: str, urls: Sequence[str]) -> Step:
-    """A copy of any fsspec URLs (`https://`, `gs://`, `s3://`, `hf://`, local paths, globs), resumable."""
+    """A copy of any fsspec URLs (`https://`, `gs://`, `s3://`, `hf://`, local paths, globs), resumable.
+
+    Identity: `urls`.
+    """
     return Step(
         name=name,
         fn=lambda out: download_urls(out, urls),

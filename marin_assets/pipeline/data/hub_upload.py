@@ -279,7 +279,10 @@ def hub_upload_step(name: str, source: Step, repo_id: str, branch: str = "main",
                     path_in_repo: str = "", max_commit_bytes: int = DEFAULT_MAX_COMMIT_BYTES,
                     max_commit_files: int = DEFAULT_MAX_COMMIT_FILES, endpoint: str | None = None) -> Step:
     """`source`'s output uploaded to a hub branch. The commit bounds shape the commits, not what the
-    branch ends up holding, so they are not identity."""
+    branch ends up holding, so they are not identity.
+
+    Identity: `repo_id`, `branch`, `repo_type`, `path_in_repo`, `endpoint` (and `source`, its dependency).
+    """
     if repo_type not in REPO_TYPES or max_commit_bytes <= 0 or max_commit_files <= 0:
         raise StepDefinitionError(f"step {name!r}: repo_type must be one of {REPO_TYPES} and the commit bounds"
                                   f" positive (got {repo_type!r}, {max_commit_bytes} bytes, {max_commit_files} files)")

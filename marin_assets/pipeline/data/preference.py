@@ -358,7 +358,10 @@ PREFERENCE_SPLITS = Check("preference_splits_not_empty", preference_splits_not_e
 def preference_data_step(name: str, dataset: Step, splits: Splits = None, config: str | None = None,
                          text_format: str = "auto", rows_per_shard: int = ROWS_PER_SHARD) -> Step:
     """Preference pairs of `dataset` (e.g. a download of `HuggingFaceH4/ultrafeedback_binarized` with
-    `splits=["train_prefs", "test_prefs"]`) in the one format the preference cache reads."""
+    `splits=["train_prefs", "test_prefs"]`) in the one format the preference cache reads.
+
+    Identity: `splits`, `config` (when given), `text_format`, `rows_per_shard` (and `dataset`, its dependency).
+    """
     what = f"preference data step {name!r}"
     try:
         chosen = normalized_splits(splits, config)

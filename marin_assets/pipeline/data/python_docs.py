@@ -208,7 +208,10 @@ def collect_python_docs(output_path: str, python: PythonBuild, validation_percen
 
 def python_docs_step(name: str, python: PythonBuild | None = None, validation_percent: float = 10.0,
                      min_chars: int = 40, shards: int = 2) -> Step:
-    """The documentation of a Python build (default: the running one) as a raw text dataset."""
+    """The documentation of a Python build (default: the running one) as a raw text dataset.
+
+    Identity: `python`, `validation_percent`, `min_chars`, `shards`, the sources read and the folders left out.
+    """
     python = python or PythonBuild.current()
     return Step(
         name=name,

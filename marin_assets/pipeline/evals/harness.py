@@ -307,7 +307,11 @@ def harness_eval_step(name: str, train: Step, tasks: Sequence[HarnessTask | str]
     """lm-eval tasks (`HarnessTask`s or YAML paths) on a checkpoint (default: the last) of a training step (its
     result is a `TrainResult`, which says the model and tokenizer) — or on `export`, a Hugging Face export of it
     (`export_step`). Each task's files are read here: their content is the step's identity. Each score carries
-    its task's overlap with the run's training data, found through its lineage (`training_datasets_of`)."""
+    its task's overlap with the run's training data, found through its lineage (`training_datasets_of`).
+
+    Identity: `tasks` (every file's content), `num_fewshot`, `limit`, `checkpoint_step` (and `train`, `export`); not
+    `batch_size`, `gpu` nor `gpu_type`.
+    """
     kind = HarnessEval(tuple(_as_tasks(f"step {name!r}", tasks, num_fewshot, limit)), num_fewshot, limit, batch_size,
                        lineage=training_datasets_of(train))
     return eval_step(name, kind, train, checkpoint_step, export=export, gpu=gpu, gpu_type=gpu_type)
@@ -315,7 +319,10 @@ def harness_eval_step(name: str, train: Step, tasks: Sequence[HarnessTask | str]
 
 def harness_checkpoint_evals(name: str, train: TrainStep, tasks: Sequence[HarnessTask | str], num_fewshot: int = 0,
                              limit: int | None = None) -> CheckpointEvals:
-    """lm-eval tasks on each checkpoint of `train` as it lands (one partition per checkpoint)."""
+    """lm-eval tasks on each checkpoint of `train` as it lands (one partition per checkpoint).
+
+    Identity: each checkpoint's step's: `tasks`, `num_fewshot`, `limit`, the checkpoint (and `train`).
+    """
     read = _as_tasks(f"checkpoint evaluations {name!r}", tasks, num_fewshot, limit)
     return CheckpointEvals(name, train, HarnessEval(tuple(read), num_fewshot, limit,
                                                     lineage=training_datasets_of(train)))

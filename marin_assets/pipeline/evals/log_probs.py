@@ -315,7 +315,11 @@ def log_probs_step(name: str, model: Step, validation: Step, max_docs: int = 32,
     """Per-token log-prob and entropy of `model` — a training step (its checkpoint `checkpoint_step`, default the
     last), an export step or a model from the Hub (`hf_model_step`, `hf_to_levanter_step`) — on the first `max_docs`
     documents of `validation` (a tokenized cache made with the model's tokenizer): a parquet table, the hardest
-    documents and tokens, and a coloured HTML view."""
+    documents and tokens, and a coloured HTML view.
+
+    Identity: `max_docs`, `split`, `checkpoint_step` (and `model`, `validation`); not `batch_size`, `gpu` nor
+    `gpu_type`.
+    """
     where = f"step {name!r}"
     kind = _kind(where, validation, max_docs, split, batch_size)
     ref = model_ref(where, model, checkpoint_step)
@@ -324,5 +328,8 @@ def log_probs_step(name: str, model: Step, validation: Step, max_docs: int = 32,
 
 def log_probs_checkpoint_evals(name: str, train: TrainStep, validation: Step, max_docs: int = 32,
                                split: str = "validation") -> CheckpointEvals:
-    """Per-token log-probs of every checkpoint of `train` on `validation`, as each lands (one partition each)."""
+    """Per-token log-probs of every checkpoint of `train` on `validation`, as each lands (one partition each).
+
+    Identity: each checkpoint's step's: `max_docs`, `split`, the checkpoint (and `train`, `validation`).
+    """
     return CheckpointEvals(name, train, _kind(f"checkpoint evaluations {name!r}", validation, max_docs, split, 8))

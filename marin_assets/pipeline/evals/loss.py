@@ -168,12 +168,18 @@ class LossEval:
 def evaluate_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int | None = None,
                   max_eval_batches: int | None = None, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
     """Loss and bits per byte of a checkpoint (default: the last) of a training step on each validation cache
-    (on `gpu` CUDA GPUs when asked)."""
+    (on `gpu` CUDA GPUs when asked).
+
+    Identity: `validation`, `max_eval_batches`, `checkpoint_step` (and `train`); not `gpu` nor `gpu_type`.
+    """
     return eval_step(name, LossEval(validation, max_eval_batches), train, checkpoint_step, gpu=gpu,
                      gpu_type=gpu_type)
 
 
 def loss_checkpoint_evals(name: str, train: TrainStep, validation: Mapping[str, Step],
                           max_eval_batches: int | None = None) -> CheckpointEvals:
-    """Loss and bits per byte of every checkpoint of `train` on `validation`, as each lands."""
+    """Loss and bits per byte of every checkpoint of `train` on `validation`, as each lands.
+
+    Identity: each checkpoint's step's: `validation`, `max_eval_batches`, the checkpoint (and `train`).
+    """
     return CheckpointEvals(name, train, LossEval(validation, max_eval_batches))

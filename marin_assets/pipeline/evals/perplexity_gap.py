@@ -479,7 +479,11 @@ def perplexity_gap_step(name: str, model_a: Step, model_b: Step, sets: Mapping[s
                         batch_size: int = 8, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
     """Where `model_a` and `model_b` — each a training step (its last checkpoint; `checkpoint_step` picks model A's),
     an export step or a model from the Hub, each with its own tokenizer — differ byte by byte on raw text: `sets` maps
-    names to dataset steps (their validation split) or `TextSet`s (`suite_text_sets(suite)` for a validation suite)."""
+    names to dataset steps (their validation split) or `TextSet`s (`suite_text_sets(suite)` for a validation suite).
+
+    Identity: `model_b` and how it is read, `sets` (each one's dataset and how it is read), `max_docs`,
+    `max_doc_bytes`, `checkpoint_step` (and `model_a`); not `batch_size`, `gpu` nor `gpu_type`.
+    """
     where = f"step {name!r}"
     a, b = model_ref(where, model_a, checkpoint_step), model_ref(where, model_b)
     kind = _kind(where, b, sets, max_docs, max_doc_bytes, batch_size)
@@ -489,6 +493,10 @@ def perplexity_gap_step(name: str, model_a: Step, model_b: Step, sets: Mapping[s
 def perplexity_gap_checkpoint_evals(name: str, train: TrainStep, reference: Step, sets: Mapping[str, Step | TextSet],
                                     max_docs: int = 256, max_doc_bytes: int = 32_768) -> CheckpointEvals:
     """The gap of every checkpoint of `train` to `reference` (a training or export step, a model from the Hub), as
-    each lands."""
+    each lands.
+
+    Identity: each checkpoint's step's: `reference`, `sets`, `max_docs`, `max_doc_bytes`, the checkpoint (and
+    `train`).
+    """
     where = f"checkpoint evaluations {name!r}"
     return CheckpointEvals(name, train, _kind(where, model_ref(where, reference), sets, max_docs, max_doc_bytes, 8))

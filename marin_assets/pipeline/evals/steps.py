@@ -36,9 +36,12 @@ class EvalStep(Step):
 
 def eval_step(name: str, kind: EvalKind, train: Step, checkpoint_step: int | None = None, *,
               export: Step | None = None, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
-    """Evaluate checkpoint `checkpoint_step` (default: the last) of a training step — or `export`, a Hugging
+    """An evaluation of checkpoint `checkpoint_step` (default: the last) of a training step — or `export`, a Hugging
     Face export of it (`export_step`), or a model from the Hub (`hf_model_step`, `hf_to_levanter_step`) — with
-    `kind`, on `gpu` CUDA GPUs when asked."""
+    `kind`, on `gpu` CUDA GPUs when asked.
+
+    Identity: `kind` and `checkpoint_step` (and `train`, `export` and the kind's steps); not `gpu` nor `gpu_type`.
+    """
     if not isinstance(train, Step):
         raise StepDefinitionError(f"step {name!r}: evaluates {train!r}, which is not a step")
     resources = Resources(cpu=1, gpu=gpu, gpu_type=gpu_type)

@@ -188,7 +188,10 @@ EVERY_RUN_SUMMARIZED = Check("every_run_summarized", every_run_summarized,
 def experiment_summary_step(name: str, steps: Sequence[Step]) -> Step:
     """The summary of the training steps among `steps` (a sweep's, an experiment's) and of the evaluation steps
     among them that evaluate one of those runs; other steps are left out. Its members are its deps, so a
-    changed member changes its identity and Dagster shows it unsynced."""
+    changed member changes its identity and Dagster shows it unsynced.
+
+    Identity: the names of the training and evaluation steps among `steps` (and those steps).
+    """
     from marin_assets.pipeline.evals.steps import EvalStep
     from marin_assets.pipeline.training.run import TrainStep
 

@@ -118,10 +118,14 @@ class OptimalRunStep(Step):
 
 def optimal_run_step(name: str, analysis: ScalingLawsStep, data: Mapping[str, Step] | None = None,
                      validation: Mapping[str, Step] | None = None, *, tolerance: float = 0.05) -> OptimalRunStep:
-    """Train the run `analysis` plans at its next budget on `data` (default: the sweep's caches; `validation`
-    likewise), checked against the prediction (`metric_matches_prediction`, pass within `tolerance`, relative).
+    """A training step of the run `analysis` plans at its next budget on `data` (default: the sweep's caches;
+    `validation` likewise), checked against the prediction (`metric_matches_prediction`, pass within `tolerance`,
+    relative).
 
     The analysis must be of an IsoFLOP sweep (its rules shape the run) with a next budget.
+
+    Identity: the planned budget, the sweep's ladder, which caches of `data` and `validation` (and `analysis`, the
+    caches); not `tolerance` (its check's).
     """
     if not isinstance(analysis, ScalingLawsStep):
         raise StepDefinitionError(f"step {name!r}: {analysis!r} is not a scaling-law analysis (scaling_laws_step)")

@@ -291,9 +291,12 @@ def overlap_step(name: str, eval_sets: Sequence[EvalSource], train: TrainSource 
                  hits_per_cell: int = HITS_PER_CELL) -> Step:
     """The train–test overlap matrix of `eval_sets` × the training datasets of `train` (a model's
     `training_datasets_of`, a training step, caches or `DatasetText`s) and their union. A token cache among the
-    evaluation sets stands for its `eval_split` split's text. Identity: each evaluation set (a task's files'
-    content; a step's name and globs), each training dataset (its step, split and how it is read), `ngram` and what
-    could not be scanned; the datasets' and sets' steps are dependencies. Not `hits_per_cell` (display only)."""
+    evaluation sets stands for its `eval_split` split's text.
+
+    Identity: each evaluation set (a task's files' content; a step's name and globs), each training dataset (its
+    step, split and how it is read), `ngram` and what could not be scanned; the datasets' and sets' steps are
+    dependencies. Not `hits_per_cell` (display only).
+    """
     where = f"overlap step {name!r}"
     sets = _eval_sets(where, eval_sets, eval_split)
     datasets, unknown = _training(where, train)

@@ -121,7 +121,10 @@ EVERY_RUN_COSTED = Check("every_run_costed", every_run_costed,
 
 def run_costs_step(name: str, runs: Sequence[Step]) -> Step:
     """A speedrun-style table of the training steps among `runs` (a sweep's steps, an experiment's): their
-    evaluation and other steps are left out; rows follow the order given."""
+    evaluation and other steps are left out; rows follow the order given.
+
+    Identity: the names of the training steps among `runs` (and those steps).
+    """
     from marin_assets.pipeline.training.run import TrainStep
 
     trains = [s for s in runs if isinstance(s, TrainStep)]

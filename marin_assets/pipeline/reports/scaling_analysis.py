@@ -385,6 +385,8 @@ def scaling_laws_step(name: str, runs: IsoFlopSweep | Mapping[float, Sequence[St
 
     `delta`: a fixed Huber threshold in metric units (None: robust, re-estimated; see `scaling_laws.py`). Its
     runs are its deps: a changed run changes its identity.
+
+    Identity: `metric`, `next_budget`, `delta` (when given), a sweep's ladder (and `runs`).
     """
     try:
         check_metric(metric)

@@ -186,10 +186,13 @@ class SpeedrunStep(Step):
 
 def speedrun_step(name: str, train: Step, *, author: Author | str, description: str, track: str,
                   evaluations: Sequence[Step] = (), tracks: Sequence[Track] = TRACKS) -> SpeedrunStep:
-    """Submit training run `train` to speedrun track `track`: author and description said, the numbers measured
+    """A submission of training run `train` to speedrun track `track`: author and description said, the numbers measured
     from its record (FLOPs, time, device-hours, final losses) and from `evaluations` of it (their scores join its
     metrics). A run over its track's budget is recorded, fails the `within_declared_track` check and is excluded
-    from every leaderboard."""
+    from every leaderboard.
+
+    Identity: `author`, `description`, `track`, `tracks` (and `train`, `evaluations`).
+    """
     where = f"speedrun {name!r}"
     if not isinstance(train, TrainStep):
         raise StepDefinitionError(f"{where}: submits {getattr(train, 'name', train)!r}, which is not a training step"
@@ -386,7 +389,11 @@ def leaderboard_step(name: str, submissions: Sequence[Step], track: str, metric:
                      lower_is_better: bool | None = None) -> Step:
     """The leaderboard of speedrun track `track`: its submissions ranked by `metric` (ties share a rank, fewer
     FLOPs listed first), the others listed as excluded with the reason. `lower_is_better`: None reads it from the
-    metric's name (losses, bpb, perplexity: lower; acc: higher)."""
+    metric's name (losses, bpb, perplexity: lower; acc: higher).
+
+    Identity: `track`, `metric`, `lower_is_better` (as read from the metric), the names of `submissions` (and those
+    steps).
+    """
     where = f"leaderboard {name!r}"
     strays = [getattr(s, "name", repr(s)) for s in submissions if not isinstance(s, SpeedrunStep)]
     if strays or not submissions:

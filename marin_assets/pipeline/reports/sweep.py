@@ -31,6 +31,9 @@ def lr_model_sweep(prefix: str, train: dict[str, Step], models: dict[str, ModelS
     two points whose run names come out the same (learning rates that print alike) are
     definition errors: each would silently train once where two runs were meant, or twice
     where one was.
+
+    Identity: each step's, as `train_step` and `evaluate_step` make it from `train`, `validation`, one of `models`,
+    one of `learning_rates`, `trainer`, `optimizer` and `train_options`.
     """
     runs: dict[str, tuple[str, float]] = {}
     points: dict[tuple[ModelSpec, float], tuple[str, float]] = {}

@@ -359,7 +359,11 @@ def chat_tokenize_step(name: str, dataset: Step, tokenizer: Step, chat_template:
     """A Levanter chat cache of `dataset`'s conversations (OpenAI or ShareGPT; splits found from its layout
     — in its config folder `config`, for a dataset with several — unless given), tokenized with `tokenizer`'s
     folder and `chat_template` — None: the tokenizer's own, else `DEFAULT_CHAT_TEMPLATE`, whose text then
-    enters identity (as `config` does when given). A training step reads it as chat."""
+    enters identity (as `config` does when given). A training step reads it as chat.
+
+    Identity: `splits`, `config` (when given), `text_format`, `chat_template` or the default's text (and `dataset`,
+    `tokenizer`); not `cpu`.
+    """
     if chat_template is not None and not GENERATION_TAG.search(chat_template):
         raise StepDefinitionError(f"chat tokenize step {name!r}: the chat template has no {{% generation %}} block,"
                                   " so the assistant's tokens cannot be told from the rest")

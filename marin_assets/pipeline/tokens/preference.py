@@ -219,7 +219,10 @@ def preference_tokenize_step(name: str, prefs: Step, tokenizer: Step, chat_templ
     """A Levanter preference cache of `prefs` (a `preference_data_step`), tokenized with `tokenizer`'s folder and
     `chat_template` — None: the tokenizer's own, else `DEFAULT_CHAT_TEMPLATE`, whose text then enters identity.
     `splits`: None (as the data names them), names, or `{cache split: data split}` (DPO reads `train` and
-    `validation`)."""
+    `validation`).
+
+    Identity: `splits`, `chat_template` or the default's text (and `prefs`, `tokenizer`); not `cpu`.
+    """
     if chat_template is not None and not GENERATION_TAG.search(chat_template):
         raise StepDefinitionError(f"preference tokenize step {name!r}: the chat template has no {{% generation %}}"
                                   " block, so the assistant's tokens cannot be told from the rest")

@@ -303,7 +303,10 @@ def pretokenized_step(name: str, source: str, tokenizer: Step, revision: str = "
                       repo_type: str = "dataset") -> TokenizeStep:
     """A Levanter cache made elsewhere (`source`: a Hub repository id at `revision`, or an fsspec URL), made
     with `tokenizer`'s folder, served like a tokenize step's. A branch or URL is followed by the source
-    sensor; a pinned commit never changes."""
+    sensor; a pinned commit never changes.
+
+    Identity: `source`, with `revision` and `repo_type` for a Hub repository (and `tokenizer`).
+    """
     hub = not is_url(source)
     if hub and (source.count("/") > 1 or not source.strip("/")):
         raise StepDefinitionError(f"step {name!r}: source {source!r} is neither a Hub repository id (user/name) nor"

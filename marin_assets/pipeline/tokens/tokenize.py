@@ -350,6 +350,9 @@ def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, l
     `framing` (see `encoders.FRAMINGS`) enters identity, and so does `config` when given. `backend` does
     not when it is `auto` (fastokens is used only where it matches `tokenizers` id for id) or `tokenizers`
     (the reference); forcing `fastokens` does, since then ids may differ.
+
+    Identity: `splits`, `config` (when given), `text_field`, `text_format`, `framing`, `backend` (when forced to
+    fastokens) (and `dataset`, `tokenizer`); not `workers` nor `cpu`.
     """
     if framing not in FRAMINGS or backend not in BACKENDS:
         raise StepDefinitionError(f"tokenize step {name!r}: framing must be one of {FRAMINGS} (got {framing!r})"

@@ -180,7 +180,10 @@ def _brief(error: Exception, limit: int = 200) -> str:
 def bpe_tokenizer_step(name: str, dataset: Step, vocab_size: int, files: Sequence[str] = ("train/*",),
                        special_tokens: Sequence[str] = (EOS,), max_documents: int | None = None,
                        text_field: str = "text", text_format: str = "auto") -> Step:
-    """A byte-level BPE tokenizer trained on a dataset step's files."""
+    """A byte-level BPE tokenizer trained on a dataset step's files.
+
+    Identity: `vocab_size`, `files`, `special_tokens`, `max_documents`, `text_field`, `text_format` (and `dataset`).
+    """
     return Step(
         name=name,
         fn=lambda out: train_tokenizer(out, dataset.output_path, vocab_size, files, special_tokens, text_field,
@@ -197,7 +200,10 @@ def bpe_tokenizer_step(name: str, dataset: Step, vocab_size: int, files: Sequenc
 
 
 def existing_tokenizer_step(name: str, name_or_path: str, revision: str | None = None) -> Step:
-    """A content-addressed copy of an existing tokenizer (a Hugging Face folder or hub name)."""
+    """A content-addressed copy of an existing tokenizer (a Hugging Face folder or hub name).
+
+    Identity: `name_or_path`, `revision`.
+    """
     return Step(
         name=name,
         fn=lambda out: adopt_tokenizer(out, name_or_path, revision),

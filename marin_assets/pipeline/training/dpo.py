@@ -164,14 +164,19 @@ def dpo_step(name: str, prefs: Step, init_from: InitFrom, beta: float = DEFAULT_
              reference: InitFrom | ReferenceLogprobsStep | None = None, model: ModelSpec | None = None,
              optimizer: OptimizerSpec = DPO_OPTIMIZER, trainer: TrainerSpec = TrainerSpec(), *, cpu: float = 1,
              gpu: float = 0, gpu_type: str | None = None, tracking: Tracking | None = None) -> TrainStep:
-    """Tune the weights `init_from` names (`from_hf(export step or folder)`, `from_checkpoint(train)`) with DPO on the
-    preference cache `prefs` (a `preference_tokenize_step`: trains on `train`, holds out `validation`).
+    """A training step that tunes the weights `init_from` names (`from_hf(export step or folder)`,
+    `from_checkpoint(train)`) with DPO on the preference cache `prefs` (a `preference_tokenize_step`: trains on
+    `train`, holds out `validation`).
 
     `reference`: None — the starting weights; an `InitFrom` — other weights; a `reference_logprobs_step` — its
     log-probs, as computed (of `prefs`, in the run's model and precision). Given weights, the reference step is
     defined here, named by what it scores, so DPO steps that differ only in β, optimizer or steps share it. `model`:
     None takes the source's (a training step's, or the one an export step exports); every side of every pair must
-    fit its `seq_len`. `tracking` (W&B, TensorBoard) is not identity."""
+    fit its `seq_len`. `tracking` (W&B, TensorBoard) is not identity.
+
+    Identity: `beta`, `model`, `optimizer`, `trainer`, `init_from` (and `prefs` and the `reference` step, its
+    dependencies); not `cpu`, `gpu`, `gpu_type` nor `tracking`.
+    """
     if not isinstance(init_from, InitFrom):
         raise StepDefinitionError(f"DPO step {name!r}: init_from must say where the weights to tune are:"
                                   " from_hf(export step or folder) or from_checkpoint(training step)")

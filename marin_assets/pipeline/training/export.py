@@ -71,7 +71,10 @@ class ExportStep(Step):
 
 
 def export_step(name: str, train: Step, checkpoint_step: int | None = None) -> ExportStep:
-    """A Hugging Face export of a checkpoint (default: the last) of a training step (its result is a `TrainResult`)."""
+    """A Hugging Face export of a checkpoint (default: the last) of a training step (its result is a `TrainResult`).
+
+    Identity: `checkpoint_step` (and `train`).
+    """
     def run(out: str) -> ExportResult:
         result = load_result(train, TrainResult)
         model, tokenizer = result.model_and_tokenizer()

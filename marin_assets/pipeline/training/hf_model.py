@@ -237,7 +237,10 @@ WEIGHTS_MATCH_HEADERS = Check("weights_match_headers", weights_match_headers,
 def hf_model_step(name: str, repo_id: str, revision: str, include: Sequence[str] = MODEL_FILES) -> Step:
     """A Hugging Face model at `revision`, copied into a model folder: `from_hf(step)` starts a run from it,
     `hf_to_levanter_step` converts it. A commit sha pins it for good; a branch or tag is resolved to its commit
-    when materialized (recorded as `commit`), and the source sensor sees it move."""
+    when materialized (recorded as `commit`), and the source sensor sees it move.
+
+    Identity: `repo_id`, `revision`, `include`.
+    """
     if not repo_id or repo_id.count("/") > 1 or repo_id.strip() != repo_id:
         raise StepDefinitionError(f"step {name!r}: {repo_id!r} is not a Hugging Face repository id (`org/name`)")
     if not revision:

@@ -143,7 +143,10 @@ class HfToLevanterStep(Step):
 def hf_to_levanter_step(name: str, hf_model: Step, model: ModelSpec | None = None,
                         dtype: str | None = None) -> HfToLevanterStep:
     """A Levanter checkpoint of the Hugging Face model `hf_model` makes (`hf_model_step`, `export_step`), for
-    `from_checkpoint` and evaluation. `model`: None takes `config.json`'s (an export step's: its run's model)."""
+    `from_checkpoint` and evaluation. `model`: None takes `config.json`'s (an export step's: its run's model).
+
+    Identity: `model`, `dtype` (and `hf_model`).
+    """
     if isinstance(hf_model, TrainStep):
         raise StepDefinitionError(f"step {name!r}: {hf_model.name} is a training step, whose checkpoints are"
                                   " Levanter's already: use from_checkpoint() on it")

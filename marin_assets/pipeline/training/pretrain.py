@@ -222,7 +222,11 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
     is an error here when the caches are `TokenizeStep`s (which know their tokenizer step), and when the
     run starts otherwise (their fingerprints), as is data that cannot fill one batch. `tracking` (W&B,
     TensorBoard) is how the run is watched, not part of its identity; `method_type` is the method on the
-    runner (`sft_step` passes its own), not part of identity either: it configures the same computation."""
+    runner (`sft_step` passes its own), not part of identity either: it configures the same computation.
+
+    Identity: `train` and `validation` with their `weights`, `model`, `optimizer`, `trainer`, `budget` (when given),
+    `init_from` (and the caches); not `cpu`, `tpu_type`, `gpu`, `gpu_type`, `tracking` nor `method_type`.
+    """
     components = {**train, **(validation or {})}
     stages = as_stages(weights if weights is not None else {k: 1.0 for k in train})
     for _, stage in stages:

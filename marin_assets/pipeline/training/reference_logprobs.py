@@ -260,7 +260,10 @@ def reference_logprobs_step(name: str | None, reference: InitFrom, prefs: Step, 
     """The per-pair log-probs of every split of the preference cache `prefs` (a `preference_tokenize_step`) under
     the `reference` weights (`from_hf(export step or folder)`, `from_checkpoint(training step)`), read as `model`
     (None: the source's, as `sft_step` takes it) in `mixed_precision` (a DPO run's `TrainerSpec.mixed_precision`).
-    `name`: None names it by what it scores (`default_name`). `dpo_step` defines one itself unless given one."""
+    `name`: None names it by what it scores (`default_name`). `dpo_step` defines one itself unless given one.
+
+    Identity: `reference`, `model`, `mixed_precision` (and `prefs`); not `batch_size`, `cpu`, `gpu` nor `gpu_type`.
+    """
     if not isinstance(reference, InitFrom):
         raise StepDefinitionError(f"reference log-prob step {name or ''!r}: reference must say where the weights"
                                   " are: from_hf(export step or folder) or from_checkpoint(training step)")

@@ -216,7 +216,11 @@ def rl_step(name: str, init_from: InitFrom, env: Environment, rl: RlSpec = RlSpe
     `rl`: the sampling and update settings (its seed, with every other field, is identity); `trainer`: steps,
     checkpoints and the training seed (its `train_batch_size` becomes `rl.batch_size`). `model`: None takes the
     source's. Prompts are rendered with the chat template the source was fine-tuned with (the SFT caches'), else
-    the tokenizer's. `tracking` (W&B, TensorBoard) is not identity."""
+    the tokenizer's. `tracking` (W&B, TensorBoard) is not identity.
+
+    Identity: `env`, `rl`, `model`, `optimizer`, `trainer`, `init_from`; not `cpu`, `gpu`, `gpu_type` nor
+    `tracking`.
+    """
     who = f"RL step {name!r}"
     if not isinstance(init_from, InitFrom):
         raise StepDefinitionError(f"{who}: init_from must say where the weights to train are:"

@@ -232,7 +232,10 @@ def write_worked_examples(output_path: str, env: Environment, train: int, valida
 
 def worked_examples_step(name: str, env: Environment, train: int = 400, validation: int = 64) -> Step:
     """A chat dataset of `env`'s problems with their answers (`train` from its train split, `validation` from its
-    held-out one), for `chat_tokenize_step` and `sft_step`."""
+    held-out one), for `chat_tokenize_step` and `sft_step`.
+
+    Identity: `env`, `train`, `validation`.
+    """
     check_environment(f"worked examples {name!r}", env)
     return Step(name=name, fn=lambda out: write_worked_examples(out, env, train, validation),
                 hash_attrs={"env": env.identity(), "train": train, "validation": validation, "format": "chat-v1"},

@@ -101,10 +101,14 @@ def sft_step(name: str, chat: dict[str, Step], init_from: InitFrom, model: Model
              weights: Weights | None = None, validation: dict[str, Step] | None = None, *,
              budget: TokenBudget | None = None, cpu: float = 1, gpu: float = 0,
              gpu_type: str | None = None) -> TrainStep:
-    """Fine-tune the weights `init_from` names (`from_hf(export_step or folder)`, `from_checkpoint(train)`) on
-    chat caches — `chat` components train (text caches may join the mixture), `validation` ones are
-    evaluated — with loss on assistant tokens only. `model`: None takes the source's (a training step's,
-    or the one an export step exports); a plain Hugging Face folder needs it given."""
+    """A training step that fine-tunes the weights `init_from` names (`from_hf(export_step or folder)`,
+    `from_checkpoint(train)`) on chat caches — `chat` components train (text caches may join the mixture),
+    `validation` ones are evaluated — with loss on assistant tokens only. `model`: None takes the source's (a
+    training step's, or the one an export step exports); a plain Hugging Face folder needs it given.
+
+    Identity: `train_step`'s: `chat` and `validation` with their `weights`, `model`, `optimizer`, `trainer`,
+    `budget`, `init_from`; not `cpu`, `gpu` nor `gpu_type`.
+    """
     if not isinstance(init_from, InitFrom):
         raise StepDefinitionError(f"SFT step {name!r}: init_from must say where the pretrained weights are:"
                                   " from_hf(export step or folder) or from_checkpoint(training step)")

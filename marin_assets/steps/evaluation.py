@@ -1,0 +1,34 @@
+"""Evaluation: the evaluation kinds as final steps or per checkpoint, and what they take.
+
+Loss and bits per byte, lm-eval harness tasks, per-token log-probs, the perplexity gap between two models,
+and the train–test overlap of evaluation sets with a model's training text; `eval_step` and
+`CheckpointEvals` run any `EvalKind`.
+"""
+
+from marin_assets.pipeline.evals.harness import harness_checkpoint_evals, harness_eval_step
+from marin_assets.pipeline.evals.harness_tasks import HarnessTask, harness_task, shipped_tasks
+from marin_assets.pipeline.evals.kind import EvalKind
+from marin_assets.pipeline.evals.log_probs import log_probs_checkpoint_evals, log_probs_step
+from marin_assets.pipeline.evals.loss import evaluate_step, loss_checkpoint_evals
+from marin_assets.pipeline.evals.perplexity_gap import (
+    TextSet,
+    perplexity_gap_checkpoint_evals,
+    perplexity_gap_step,
+    suite_text_sets,
+)
+from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
+from marin_assets.pipeline.reports.overlap import overlap_step
+
+__all__ = [
+    # any kind, final or per checkpoint
+    "eval_step", "EvalStep", "EvalKind", "CheckpointEvals",
+    # loss and bits per byte
+    "evaluate_step", "loss_checkpoint_evals",
+    # lm-eval harness
+    "harness_eval_step", "harness_checkpoint_evals", "HarnessTask", "harness_task", "shipped_tasks",
+    # inside a model
+    "log_probs_step", "log_probs_checkpoint_evals", "perplexity_gap_step", "perplexity_gap_checkpoint_evals",
+    "suite_text_sets", "TextSet",
+    # train–test overlap
+    "overlap_step",
+]
