@@ -20,6 +20,8 @@ from tests.support.helpers import ROOT
 
 GROUPS = ("data", "train", "evaluation", "sweep")
 EXPERIMENTS = sorted((ROOT / "marin_assets" / "experiments").glob("*.py"))
+COMPONENTS = sorted((ROOT / "marin_assets" / "dagster" / "components").glob("*.py"))
+"""The YAML experiment component's files: they build steps as the experiments do."""
 FRONT_DOOR = {"marin_assets", "marin_assets.steps"}
 """Where a README example takes names from: the protocol's names and the front door."""
 IMPERATIVES = {"build", "compute", "create", "download", "evaluate", "fine-tune", "make", "pin", "read", "return",
@@ -111,16 +113,21 @@ def _imports(tree: ast.AST) -> list[tuple[str, list[str], int]]:
     return found
 
 
-def _marin_imports_outside_the_front_door(tree: ast.AST, experiment: bool = False) -> list[str]:
+def _marin_imports_outside_the_front_door(tree: ast.AST, experiment: bool = False,
+                                          component: bool = False) -> list[str]:
     """Imports of marin_assets names from anywhere but the front door and `marin_assets`, and names taken from
     them that they do not export. An experiment may also import other experiments and the protocol's own
-    modules (`marin_assets.core`: `walk`, `run_check`, … in its `main`), never the pipeline library."""
+    modules (`marin_assets.core`: `walk`, `run_check`, … in its `main`), never the pipeline library. A component
+    (`marin_assets/dagster/components/`) may also import the Dagster layer it belongs to (`marin_assets.dagster`:
+    its sibling settings, `experiment_definitions`), never the pipeline library nor the protocol's modules."""
     wrong = []
     for module, names, line in _imports(tree):
         if module.split(".")[0] != "marin_assets":
             continue
         protocol = module == "marin_assets.core" or module.startswith("marin_assets.core.")
         if experiment and (module == "marin_assets.experiments" or protocol):
+            continue
+        if component and (module == "marin_assets.dagster" or module.startswith("marin_assets.dagster.")):
             continue
         if module not in FRONT_DOOR:
             wrong.append(f"l.{line}: {module}")
@@ -137,6 +144,19 @@ def test_the_shipped_experiments_build_from_the_front_door(path):
     assert not wrong, f"{path.name} imports from outside the front door: {wrong}"
 
 
+@pytest.mark.parametrize("path", COMPONENTS, ids=lambda p: p.name)
+def test_the_yaml_component_builds_from_the_front_door(path):
+    wrong = _marin_imports_outside_the_front_door(ast.parse(path.read_text()), component=True)
+    assert not wrong, f"{path.name} imports from outside the front door: {wrong}"
+
+
+def test_the_yaml_component_takes_its_factories_from_the_front_door():
+    # The component check above passes vacuously if the files import no step factory at all.
+    taken = {n for p in COMPONENTS for module, names, _ in _imports(ast.parse(p.read_text()))
+             if module == "marin_assets.steps" for n in names}
+    assert {"train_step", "tokenize_step", "lr_model_sweep", "ModelSpec"} <= taken
+
+
 def test_the_import_check_catches_a_deep_import():
     tree = ast.parse("from marin_assets.pipeline.training.pretrain import train_step\n"
                      "def f():\n    from marin_assets.pipeline.training.run import TrainResult\n"
@@ -144,6 +164,7 @@ def test_the_import_check_catches_a_deep_import():
                      "from marin_assets.steps import not_a_factory\n"
                      "import marin_assets.dagster\n")
     assert len(_marin_imports_outside_the_front_door(tree, experiment=True)) == 4  # the protocol's walk is allowed
+    assert len(_marin_imports_outside_the_front_door(tree, component=True)) == 4  # the Dagster layer is allowed
     assert len(_marin_imports_outside_the_front_door(tree)) == 5
 
 

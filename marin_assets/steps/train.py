@@ -17,7 +17,14 @@ from marin_assets.pipeline.training.rl_envs import Addition, SequentialDigits, w
 from marin_assets.pipeline.training.run import TrainResult, TrainStep
 from marin_assets.pipeline.training.sft import SFT_OPTIMIZER, sft_step
 from marin_assets.pipeline.training.sources import from_checkpoint, from_hf
-from marin_assets.pipeline.training.specs import MixtureSpec, ModelSpec, OptimizerSpec, TokenBudget, TrainerSpec
+from marin_assets.pipeline.training.specs import (
+    MixtureSpec,
+    ModelSpec,
+    OptimizerSpec,
+    SpecError,
+    TokenBudget,
+    TrainerSpec,
+)
 from marin_assets.pipeline.training.tracking import Tracking
 
 __all__ = [
@@ -27,7 +34,7 @@ __all__ = [
     # where weights start from and where they go
     "from_hf", "from_checkpoint", "hf_model_step", "hf_to_levanter_step", "export_step",
     # specs
-    "ModelSpec", "OptimizerSpec", "TrainerSpec", "TokenBudget", "MixtureSpec", "Tracking",
+    "ModelSpec", "OptimizerSpec", "TrainerSpec", "TokenBudget", "MixtureSpec", "Tracking", "SpecError",
     # what a model's training read
     "training_datasets_of",
 ]

@@ -1,10 +1,11 @@
 """`LanguageModelExperiment`: a standard experiment — corpus → tokenizer → tokenize → train → export and evaluate,
 or a learning-rate × model sweep — declared in a `defs.yaml` instead of Python.
 
-The settings (`settings.py`) go through the same pipeline factories a Python experiment calls, named as
-`experiments/small_lm.py` and `lr_model_sweep` name them, so a YAML experiment and its Python twin are the same
-steps with the same identities (`tests/test_experiment_component.py` compares every step's name and hash): it
-reuses everything its twin computed, and the other way round. `dg scaffold defs` writes a small working file
+The settings (`settings.py`) go through the same step factories a Python experiment calls, imported as the shipped
+experiments import them, from the front door (`marin_assets.steps`), and named as `experiments/small_lm.py` and
+`lr_model_sweep` name them, so a YAML experiment and its Python twin are the same steps with the same identities
+(`tests/test_experiment_component.py` compares every step's name and hash): it reuses everything its twin
+computed, and the other way round. `dg scaffold defs` writes a small working file
 (`scaffold.py`); `dg check defs` checks it against the schema (naming the line) and then loads it.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 import dagster as dg
 from pydantic import BaseModel, PrivateAttr, model_validator
 
-from marin_assets.core.step import Step
+from marin_assets import Experiment, Step
 from marin_assets.dagster.components.scaffold import ExperimentScaffolder
 from marin_assets.dagster.components.settings import (
     NAME_PATTERN,
@@ -32,16 +33,23 @@ from marin_assets.dagster.components.settings import (
     bounded,
 )
 from marin_assets.dagster.experiments import experiment_definitions
-from marin_assets.pipeline.data.download import hf_download_step, url_download_step
-from marin_assets.pipeline.data.python_docs import python_docs_step
-from marin_assets.pipeline.evals.loss import evaluate_step, loss_checkpoint_evals
-from marin_assets.pipeline.experiment import Experiment
-from marin_assets.pipeline.reports.sweep import lr_model_sweep
-from marin_assets.pipeline.tokens.tokenize import tokenize_step
-from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step, existing_tokenizer_step
-from marin_assets.pipeline.tokens.validation_suite import ValidationSuite, hf_validation_suite, url_validation_suite
-from marin_assets.pipeline.training.export import export_step
-from marin_assets.pipeline.training.run import TrainStep
+from marin_assets.steps import (
+    TrainStep,
+    ValidationSuite,
+    bpe_tokenizer_step,
+    evaluate_step,
+    existing_tokenizer_step,
+    export_step,
+    hf_download_step,
+    hf_validation_suite,
+    loss_checkpoint_evals,
+    lr_model_sweep,
+    python_docs_step,
+    tokenize_step,
+    train_step,
+    url_download_step,
+    url_validation_suite,
+)
 from resources import RayResource, StorageResource
 
 RESOURCES: dict[str, Any] = {"storage": StorageResource(), "ray": RayResource()}
@@ -126,8 +134,6 @@ class LanguageModelExperiment(dg.Component, Settings):
     def pipeline(self) -> dict[str, Step]:
         """The steps by role: `corpus`, `tokenizer`, `tokenized`, suites' caches (`validation/{suite}-{set}`), and
         `train`, `export`, `evaluate` for one run, or `sweep/{step name}` for each step of a sweep."""
-        from marin_assets.pipeline.training.pretrain import train_step
-
         name, family = self.name, self.training.model.family
         dataset = self.dataset or name
         corpus = self.corpus_step()

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import dagster as dg
 from pydantic import ConfigDict, Field, model_validator
 
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, SpecError, TrainerSpec
+from marin_assets.steps import ModelSpec, OptimizerSpec, SpecError, TrainerSpec
 
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 """One segment of a step name (`core/step.py`): the experiment's name prefixes every step it makes."""
