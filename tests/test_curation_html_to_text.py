@@ -396,7 +396,7 @@ def test_the_step_materializes_and_its_output_feeds_the_tokenizer_and_tokenize(t
         materialize_step(step, prefix=prefix, settings=FAST)
 
     record = read_record(pages.output_path_under(prefix))
-    assert record.result_type.endswith("HtmlToTextResult") and record.result["documents_out"] == 6
+    assert record.result_type == "html_to_text_result" and record.result["documents_out"] == 6
     assert record.hash_attrs["extractor"].startswith("resiliparse ") and record.hash_attrs["main_content"] is True
     assert record.hash_attrs["stage"] == "html_to_text" and record.deps == [dataset.name_with_hash]
     result = load_result(pages.output_path_under(prefix))

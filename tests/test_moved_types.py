@@ -1,5 +1,6 @@
-"""Records name their result's type by module; records written before the library moved into wings name
-modules that no longer exist, and must still load as the same types."""
+"""Records named their result's type by module (now by a declared storage name: tests/test_record_names.py);
+records written before the library moved into wings name modules that no longer exist, and must still load as
+the same types."""
 
 import json
 import os
@@ -26,7 +27,7 @@ def test_a_record_written_before_the_move_loads_as_its_type(tmp_path):
     out = materialize_step(step, prefix=str(tmp_path)).output_path
     record = os.path.join(out, RECORD_FILE)
     raw = json.loads(open(record).read())
-    assert raw["result_type"] == "marin_assets.pipeline.training.run:TrainResult"
+    assert raw["result_type"] == "train_result"  # its storage name (core/record_types.py)
     raw["result_type"] = "marin_assets.pipeline.train:TrainResult"  # as the previous layout wrote it
     with open(record, "w") as f:
         json.dump(raw, f)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import RecordTypeError, registered_type
 from marin_assets.core.results import from_jsonable, type_label
 from marin_assets.core.status import Status, StatusRecord
 from marin_assets.core.stores import read_status
@@ -57,7 +58,8 @@ class ArtifactRecord:
     result: Any
     """The step function's return value, as JSON."""
     result_type: str | None
-    """`module:qualname` of the result's type, for `load_result` without a type."""
+    """The result type's declared storage name (`train_result`: `core/record_types.py`), or `module:qualname` for
+    a type that declares none (and in records made before storage names), for `load_result` without a type."""
     provenance: Provenance
     duration_s: float = 0.0
     """Wall seconds of the step's own work: its function, from call to return."""
@@ -121,15 +123,22 @@ def read_record(output_path: str, status: StatusRecord | None = None) -> Artifac
 
 
 def resolve_type(name: str) -> Any:
-    """The type a record names (`module:qualname`). A type that has since moved (its module gone, or no longer
-    holding it) is found through the `MOVED_TYPES` table (`{old name: new name}`) of a package above its old
-    module, so records written before a layout change still load."""
+    """The type a record names: a declared storage name (`train_result`, `core/record_types.py`), or the
+    `module:qualname` that records made before storage names hold. A path whose module is gone (or no longer
+    holds the type) is looked up among the types' declared old names, then in the `MOVED_TYPES` table
+    (`{old name: new name}`) of a package above its old module, so records written before a move still load."""
+    if ":" not in name:
+        return registered_type(name)
     module, _, qualname = name.partition(":")
     try:
         obj: Any = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
     except (ModuleNotFoundError, AttributeError):
+        try:
+            return registered_type(name)
+        except RecordTypeError:
+            pass
         moved = _moved_to(name)
         if moved is None:
             raise
@@ -161,7 +170,11 @@ def load_result(step_or_path: Any, result_type: type[T] | None = None) -> T:
     if result_type is None:
         if record.result_type is None:
             return typing.cast(T, record.result)
-        result_type = resolve_type(record.result_type)
+        try:
+            result_type = resolve_type(record.result_type)
+        except (RecordTypeError, ImportError, AttributeError) as e:
+            raise RecordTypeError(f"the record at {record_path(path)} names its result type"
+                                  f" {record.result_type!r}, which does not load: {e}") from e
     try:
         return typing.cast(T, from_jsonable(record.result, result_type))
     except (TypeError, ValueError) as e:

@@ -27,6 +27,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from marin_assets.core.identity import is_pydantic_model
+from marin_assets.core.record_types import storage_name
 
 
 class StepResultError(TypeError):
@@ -113,11 +114,12 @@ def to_jsonable(value: Any, where: str = "result") -> Any:
 
 
 def type_name(value: Any) -> str | None:
-    """`module:qualname` of the result's type; None when its JSON is the value (numbers, text, list, dict)."""
+    """How a record names the result's type: the stable name it declares (`core/record_types.py`), else
+    `module:qualname`; None when its JSON is the value (numbers, text, list, dict)."""
     tp = _own_type(value)
     if tp in (type(None), bool, int, float, str, list, dict):
         return None
-    return f"{tp.__module__}:{tp.__qualname__}"
+    return storage_name(tp) or f"{tp.__module__}:{tp.__qualname__}"
 
 
 def _own_type(value: Any) -> Any:

@@ -3,8 +3,11 @@ domain — `data/` (datasets in and artifacts out), `curation/`, `tokens/` (toke
 `training/` (methods on one runner), `evals/` (evaluation kinds), `reports/` (across runs) — each importing
 only the wings below it (`make lint` checks the order).
 
-`MOVED_TYPES` lets records written before the wings existed load: a record names its result's type by
-module, and these modules moved (`core.record.resolve_type` looks here when an old module is gone).
+`MOVED_TYPES` lets records written before the wings existed load: a record named its result's type by
+module, and these modules moved (`core.record.resolve_type` looks here when an old module is gone). New records
+name a result type by the stable name it declares (`@record_type`, `core/record_types.py`), so a later move
+needs no entry here: a record made before storage names whose module moves again is kept loading by the type's
+`old_names` (its former `module:qualname`), not by this table.
 """
 
 MOVED_TYPES: dict[str, str] = {

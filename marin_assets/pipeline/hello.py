@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from marin_assets.core.files import open_file
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, made_by
 
 NUMBERS_FILE = "numbers.jsonl"
 
 
+@record_type("hello_numbers")
 @dataclass(frozen=True)
 class Numbers:
     """How many numbers were written, and where."""
@@ -28,6 +30,7 @@ class Numbers:
     file: str
 
 
+@record_type("hello_stats")
 @dataclass(frozen=True)
 class Stats:
     """Count, mean and standard deviation of the numbers."""

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.curation.eval_index import (
     INDEX_PHASE,
@@ -126,6 +127,7 @@ class SetHits:
     paragraphs: int
 
 
+@record_type("decontamination_result")
 @dataclass(frozen=True)
 class DecontaminationResult(CurationResult):
     """A `CurationResult` (removed and modified per evaluation set) and what the evaluation sets held."""

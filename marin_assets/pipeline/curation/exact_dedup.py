@@ -43,6 +43,7 @@ import pyarrow as pa
 import xxhash
 
 from marin_assets.core.files import atomic_write
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, made_by
 from marin_assets.pipeline.curation.filters import CurationFilter, Verdicts, filter_step, run_filter
 from marin_assets.pipeline.curation.shards import CurationError, Shard, read_shard, work_path
@@ -85,6 +86,7 @@ class DuplicateSample:
     """How many times this text occurs in the input."""
 
 
+@record_type("exact_dedup_result")
 @dataclass(frozen=True)
 class ExactDedupResult(CurationResult):
     """A `CurationResult` plus how the duplicates were distributed."""

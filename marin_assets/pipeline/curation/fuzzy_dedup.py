@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.curation.filters import CurationFilter, Verdicts, filter_step, run_filter
 from marin_assets.pipeline.curation.fuzzy_candidates import (
@@ -108,6 +109,7 @@ class RemovedPair:
     """The start of the kept text, likewise: the two side by side show what the edit was."""
 
 
+@record_type("fuzzy_dedup_result")
 @dataclass(frozen=True)
 class FuzzyDedupResult(CurationResult):
     """A curation result with what MinHash proposed, what the text confirmed, and the clusters."""

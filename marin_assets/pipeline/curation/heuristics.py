@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, made_by
 from marin_assets.pipeline.curation.filters import CurationFilter, Verdicts, filter_step, run_filter
 from marin_assets.pipeline.curation.heuristic_counts import MEASURES, counts
@@ -32,6 +33,7 @@ BATCH_CHARACTERS = 1 << 20
 """Documents are measured together in batches of about this many characters (numpy over one buffer)."""
 
 
+@record_type("heuristic_result")
 @dataclass(frozen=True)
 class HeuristicResult(CurationResult):
     """A heuristic filter's counts (removed per rule) and the rules it applied."""

@@ -34,6 +34,7 @@ import fsspec
 import orjson
 import pyarrow as pa
 
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.curation.shards import CurationError, FileShardWriter, place_file_shards, work_path
 from marin_assets.pipeline.curation.stage import (
@@ -73,6 +74,7 @@ Page = tuple[int, str | None, str | None, int]
 its size in bytes) of one input page."""
 
 
+@record_type("html_to_text_result")
 @dataclass(frozen=True)
 class HtmlToTextResult(CurationResult):
     """A curation result that also names how the text was extracted."""

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, made_by
 from marin_assets.pipeline.curation.ngrams import ngram_hashes
 from marin_assets.pipeline.curation.shards import document_id
@@ -83,6 +84,7 @@ class Contaminated:
     """Line number (from 1) of the record in `evalsets/{eval_set}.jsonl`."""
 
 
+@record_type("planted_truth")
 @dataclass(frozen=True)
 class PlantedTruth:
     """What was planted, by document id."""

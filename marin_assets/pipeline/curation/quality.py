@@ -29,6 +29,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.curation.filters import CurationFilter, Verdicts, filter_step, run_filter
 from marin_assets.pipeline.curation.quality_classifier import (
@@ -64,6 +65,7 @@ EPSILON = 1e-7
 """Probabilities are clipped to [EPSILON, 1 - EPSILON] before their log-odds are taken."""
 
 
+@record_type("quality_filter_result")
 @dataclass(frozen=True)
 class QualityFilterResult(CurationResult):
     """A quality filter's counts, the threshold it applied and how the scores were spread."""

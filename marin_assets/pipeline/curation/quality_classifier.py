@@ -27,6 +27,7 @@ from fsspec.implementations.local import LocalFileSystem
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.estimate import bytes_read_estimate
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.curation.shards import CurationError, list_shards, read_shard
 from marin_assets.pipeline.curation.stage import FORMAT
@@ -78,6 +79,7 @@ class ValidationMetrics:
     f1: float
 
 
+@record_type("quality_classifier")
 @dataclass(frozen=True)
 class QualityClassifier:
     """A trained fastText quality classifier and how it did on held-out documents."""

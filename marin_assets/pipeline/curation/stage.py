@@ -22,6 +22,7 @@ from typing import Any, Self, TypeVar
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.estimate import bytes_read_estimate
 from marin_assets.core.files import atomic_write, read_bytes
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Resources, Step
 from marin_assets.execution.fanout import fan_out
 from marin_assets.pipeline.curation.shards import CurationError, work_path
@@ -75,6 +76,7 @@ class SplitCount:
     bytes: int
 
 
+@record_type("curation_result")
 @dataclass(frozen=True)
 class CurationResult:
     """What a curation stage did: counts in and out, removed per reason, per split."""

@@ -20,6 +20,7 @@ from typing import Any
 import fsspec
 
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, made_by
 
 NAMES = ["Lily", "Tom", "Mia", "Ben", "Sara", "Max", "Anna", "Leo", "Zoe", "Sam", "Ella", "Jack"]
@@ -38,6 +39,7 @@ ENDINGS = [
 ]
 
 
+@record_type("corpus_files")
 @dataclass(frozen=True)
 class CorpusFiles:
     """What a raw text dataset holds, per split."""

@@ -21,6 +21,7 @@ import fsspec
 
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, made_by
 
 CHUNK = 8 * 2**20
@@ -42,6 +43,7 @@ class DownloadedFile:
     """Already complete from an earlier attempt."""
 
 
+@record_type("download")
 @dataclass(frozen=True)
 class Download:
     """What a download copied: the source, the resolved revision, and every file."""

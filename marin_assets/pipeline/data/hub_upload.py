@@ -32,6 +32,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.estimate import bytes_read_estimate
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class UploadedFile:
     """The branch already held it with this content (an earlier attempt, or an earlier upload)."""
 
 
+@record_type("hub_upload")
 @dataclass(frozen=True)
 class HubUpload:
     """What an upload put where: the repository, branch, the commits made and every file."""

@@ -32,6 +32,7 @@ from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.estimate import bytes_read_estimate
 from marin_assets.core.files import atomic_write, open_file, read_bytes
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.results import from_jsonable, to_jsonable
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.data.messages import checked_turns, json_kind
@@ -69,6 +70,7 @@ class PreferenceSplit:
     """Of the split's uncompressed JSON lines in order: changes exactly when its pairs do."""
 
 
+@record_type("preference_data")
 @dataclass(frozen=True)
 class PreferenceData:
     """Preference pairs as written: per split, pairs and drops; the format readers rely on."""

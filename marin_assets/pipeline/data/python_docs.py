@@ -24,6 +24,7 @@ import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, made_by
 from marin_assets.pipeline.data.corpus import write_jsonl_shards
 
@@ -73,6 +74,7 @@ class SplitSummary:
     sha256: str
 
 
+@record_type("python_docs")
 @dataclass(frozen=True)
 class PythonDocs:
     """The collected corpus: per split, what the Python build held, and what was dropped."""

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import open_file
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.evals.contamination import (
     Contamination,
@@ -88,6 +89,7 @@ class TaskScore:
     measured, or part of the training data could not be read and none of the rest holds a document)."""
 
 
+@record_type("harness_result")
 @dataclass(frozen=True)
 class HarnessResult:
     """lm-eval's scores of one checkpoint, per task; its full results and samples are under the output."""

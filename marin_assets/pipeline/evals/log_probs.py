@@ -27,6 +27,7 @@ from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import open_file
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.evals.models import model_ref
@@ -50,6 +51,7 @@ class LogProbsError(ValueError):
     """The validation set cannot be scored by this model (no documents, another tokenizer, a chat cache)."""
 
 
+@record_type("log_probs_result")
 @dataclass(frozen=True)
 class LogProbsResult:
     """Per-token log-probs of one checkpoint on a validation set: the totals, the hardest documents and tokens, and

@@ -15,6 +15,7 @@ from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import open_file
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
@@ -26,6 +27,7 @@ from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
 
 
+@record_type("loss_eval_result")
 @dataclass(frozen=True)
 class EvalResult:
     """Loss and bits per byte of one checkpoint, overall and per validation set."""

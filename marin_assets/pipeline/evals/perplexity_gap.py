@@ -30,6 +30,7 @@ import numpy as np
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import open_file
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.data.text_files import expand_files, find_splits, iter_documents
 from marin_assets.pipeline.evals.kind import Checkpoint
@@ -158,6 +159,7 @@ class _Totals:
                 "model_a_uncovered_bytes": self.uncovered["a"], "model_b_uncovered_bytes": self.uncovered["b"]}
 
 
+@record_type("perplexity_gap_result")
 @dataclass(frozen=True)
 class PerplexityGapResult:
     """Bits per byte of two models on the same text, where they differ (by set, kind of text, document, literal)

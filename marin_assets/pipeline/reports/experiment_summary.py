@@ -21,6 +21,7 @@ import fsspec
 
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.results import to_jsonable
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.reports.run_costs import run_cost_row
@@ -51,6 +52,7 @@ class PlotData:
     """Label → `[x, y]` points."""
 
 
+@record_type("experiment_summary")
 @dataclass(frozen=True)
 class ExperimentSummary:
     """The runs of an experiment side by side, and the data of its plots."""

@@ -24,6 +24,7 @@ from typing import Any
 
 from marin_assets.core.files import atomic_write
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.curation.decontaminate import EvalSet
 from marin_assets.pipeline.curation.overlap import (
@@ -74,6 +75,7 @@ class TrainingDatasetSummary:
     from (`DatasetText`); empty for a dataset given directly."""
 
 
+@record_type("overlap_report")
 @dataclass(frozen=True)
 class OverlapResult:
     """Marin's train–test overlap matrix, and where each overlap is."""

@@ -13,6 +13,7 @@ import fsspec
 
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ def run_cost_row(name: str, result: TrainResult) -> RunCostRow:
     )
 
 
+@record_type("run_cost_table")
 @dataclass(frozen=True)
 class RunCostTable:
     """Runs side by side, speedrun style; also written as a Markdown table (`run_costs.md`)."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.reports.scaling_laws import (
     MIN_RUNS_PER_BUDGET,
@@ -169,6 +170,7 @@ class ScalingPlot:
     """The labels in legend order (the record's mappings come back with sorted keys: `3e10` after `1e11`)."""
 
 
+@record_type("scaling_analysis")
 @dataclass(frozen=True)
 class ScalingAnalysis:
     """The scaling laws of a ladder: per-budget optima, power laws across budgets, the next budget's prediction

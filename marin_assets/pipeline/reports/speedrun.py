@@ -19,6 +19,7 @@ import fsspec
 
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.evals.steps import EvalStep
 from marin_assets.pipeline.reports.experiment_summary import PlotData
@@ -68,6 +69,7 @@ class Author:
     """A page about the author."""
 
 
+@record_type("speedrun_submission")
 @dataclass(frozen=True)
 class Submission:
     """A speedrun: who ran what, the track it declared, and what it measured."""
@@ -265,6 +267,7 @@ class ExcludedRun:
     """`submitted to track 'small'`, `over budget: 4.1e+08 FLOPs > 3e+08`."""
 
 
+@record_type("speedrun_leaderboard")
 @dataclass(frozen=True)
 class Leaderboard:
     """The submissions of one track ranked by one metric; the others listed with the reason they are not."""

@@ -38,6 +38,7 @@ from fsspec.implementations.local import LocalFileSystem
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.data.text_files import DatasetError, expand_files, find_splits, iter_text_batches
 from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
@@ -76,6 +77,7 @@ class SplitStats:
     sequence must hold (None: not recorded, as for text and chat caches)."""
 
 
+@record_type("tokenized_cache")
 @dataclass(frozen=True)
 class TokenizedCache:
     """A Levanter cache: `{path}/{split}` for each split, built with `tokenizer`."""

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Resources, Step, made_by
 from marin_assets.pipeline.data.text_files import (
     DatasetError,
@@ -29,6 +30,7 @@ class TokenizerError(ValueError):
     """A tokenizer cannot be trained or loaded."""
 
 
+@record_type("tokenizer_info")
 @dataclass(frozen=True)
 class TokenizerInfo:
     """A tokenizer folder: where it is, its vocabulary, EOS token and where it came from."""

@@ -10,6 +10,7 @@ import fsspec
 
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, made_by
 from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.tokens.tokenizer import model_vocab_size
@@ -17,6 +18,7 @@ from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import ModelSpec
 
 
+@record_type("hf_export")
 @dataclass(frozen=True)
 class ExportResult:
     """A Hugging Face model folder made from one checkpoint."""

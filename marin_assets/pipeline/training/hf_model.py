@@ -21,6 +21,7 @@ from typing import Any
 import fsspec
 
 from marin_assets.core.checks import Check, CheckOutcome
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.data.download import (
     FILES_MATCH_RECORD,
@@ -50,6 +51,7 @@ class HfModelError(ValueError):
     weights, no tokenizer, or a family `ModelSpec` does not describe."""
 
 
+@record_type("hf_model")
 @dataclass(frozen=True)
 class HfModel:
     """A Hugging Face model folder copied from the Hub at one commit, and what reading it needs."""

@@ -17,6 +17,7 @@ import fsspec
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.training.export import ExportStep
@@ -36,6 +37,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 """What the weights may be converted to (None keeps the safetensors' own dtype)."""
 
 
+@record_type("levanter_checkpoint")
 @dataclass(frozen=True)
 class LevanterCheckpoint:
     """A Levanter checkpoint converted from a Hugging Face model folder, and what reading it needs."""

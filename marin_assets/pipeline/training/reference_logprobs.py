@@ -27,6 +27,7 @@ import numpy as np
 
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep, tokenizer_fingerprint
 from marin_assets.pipeline.training.pretrain import TrainDataError
@@ -64,6 +65,7 @@ class SplitLogprobs:
     """Fraction of pairs whose chosen answer the reference finds likelier than the rejected one."""
 
 
+@record_type("reference_logprobs")
 @dataclass(frozen=True)
 class ReferenceLogprobs:
     """Per-pair reference log-probs of a preference cache, one cache per split, and what they say."""

@@ -21,6 +21,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 
 SPLITS = ("train", "held_out")
@@ -198,6 +199,7 @@ def check_environment(who: str, env: Any) -> None:
 
 # --- worked examples: the same problems as chat data, for SFT before RL ------------------------------------------
 
+@record_type("rl_worked_examples")
 @dataclass(frozen=True)
 class WorkedExamples:
     """Chat conversations of an environment's problems with their reference answers, one file per split."""

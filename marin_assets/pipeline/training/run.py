@@ -13,6 +13,7 @@ from typing import Protocol
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
+from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache
 from marin_assets.pipeline.training.checkpoints import run_dir_of
@@ -37,6 +38,7 @@ class WeightsSource(Protocol):
         ...
 
 
+@record_type("train_result")
 @dataclass(frozen=True)
 class TrainResult:
     """What a training run made: its checkpoints, losses, throughput, and what reads them needs."""
