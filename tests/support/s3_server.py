@@ -4,7 +4,8 @@ it that drops chosen request headers — an S3-compatible store that ignores con
 Clients find the server through the standard AWS variables (`AWS_ENDPOINT_URL_S3`, test keys, a
 region), read by boto3 and s3fs alike, so subprocesses use it with no code change. moto honours
 `If-None-Match: *` and `If-Match: <etag>` on PutObject (412 when they fail) and `If-Match` on
-DeleteObject; it checks no signatures, so the proxy may drop headers the client signed.
+DeleteObject; it checks no signatures, so the proxy may drop headers the client signed. Its check and write are made
+one step (`atomic_moto.py`), as on S3.
 """
 
 import contextlib
@@ -17,7 +18,8 @@ from pathlib import Path
 
 from tests.support.servers import free_port, serve_http, wait_until_serving
 
-MOTO_SERVER = Path(sys.executable).parent / "moto_server"
+ATOMIC_MOTO = Path(__file__).with_name("atomic_moto.py")
+"""moto's server, its conditional writes atomic as S3's are (a create race has one winner)."""
 
 
 def s3_env(url: str) -> dict[str, str]:
@@ -32,7 +34,7 @@ def moto_s3_server(log_path: Path):
     """Yields the server's URL; its log goes to `log_path` (never to an unread pipe)."""
     port = free_port()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(port)],
+        proc = subprocess.Popen([sys.executable, str(ATOMIC_MOTO), "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
