@@ -2,8 +2,6 @@
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -13,20 +11,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-# `make test` exports the project's own instance (DAGSTER_HOME=.dagster_home). Tests never use it: a developer's
-# runs stay theirs, and a local Ray they left running there (`marin-assets ray start`) is never joined by a test's
-# unsized Ray resource. The session gets a fresh home instead, with the settings `make install` writes into
-# `.dagster_home/` (a test that needs an instance of its own still makes one: the `dagster_home` fixture).
-# pytest-xdist's workers share the controller's home, as they shared `.dagster_home/`; the file is written by the
-# Makefile's own command, in a subprocess, so the test process does not import Dagster before a test does.
-if "PYTEST_XDIST_WORKER" not in os.environ:
-    TEST_DAGSTER_HOME: str | None = tempfile.mkdtemp(prefix="marin-test-dagster-home-")
-    subprocess.run([sys.executable, "-m", "marin_assets.dagster.instance",
-                    os.path.join(TEST_DAGSTER_HOME, "dagster.yaml")], check=True, stdout=subprocess.DEVNULL)
-    os.environ["DAGSTER_HOME"] = TEST_DAGSTER_HOME
-else:
-    TEST_DAGSTER_HOME = None
 
 # One JAX compilation cache for the session, shared by every process it starts (Ray workers, CLI
 # subprocesses): dozens of tiny trainings of the same shapes compile once, not once per process. It is
@@ -52,8 +36,6 @@ def pytest_unconfigure(config):
     is the controller, which runs no test but made the folder before starting the workers that share it."""
     if JAX_CACHE_MADE_HERE:
         shutil.rmtree(JAX_CACHE_MADE_HERE, ignore_errors=True)
-    if TEST_DAGSTER_HOME:
-        shutil.rmtree(TEST_DAGSTER_HOME, ignore_errors=True)
 
 
 # `make test` runs two workers (pytest-xdist, `--dist loadfile`: a file's tests, and so its module fixtures, stay

@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from marin_assets.dagster.instance import instance_settings
 from marin_assets.execution import local_ray
 from resources import RayResource
 
@@ -171,12 +169,3 @@ def test_a_sized_or_cluster_resource_never_joins_the_local_ray(tmp_path, monkeyp
     for resource in (RayResource(num_cpus=1), RayResource(custom_resources={"TPU": 4}),
                      RayResource(address="auto"), RayResource(use_local_ray=False)):
         assert resource.local() is None
-
-
-def test_the_tests_never_use_the_projects_instance_nor_the_local_ray_left_in_it():
-    """`make test` exports DAGSTER_HOME=.dagster_home; the session runs on a fresh home with the same settings, so a
-    developer's runs stay theirs and a `marin-assets ray start` left running there is not joined by a test."""
-    home = Path(os.environ["DAGSTER_HOME"])
-    assert home.resolve() != (ROOT / ".dagster_home").resolve()
-    assert (home / "dagster.yaml").exists() and not (home / local_ray.FILE_NAME).exists()
-    assert yaml.safe_load((home / "dagster.yaml").read_text()) == instance_settings()
