@@ -236,12 +236,12 @@ def test_two_workers_on_ray_give_the_same_output(planted, decontaminated, local_
 
 
 HANG_AFTER_FIRST_SHARD = """
-import time
+import threading
 from marin_assets.pipeline.curation import decontaminate as dc
 decide = dc.Decontaminate.decide
 def slow(self, table, shard):
     if shard.key != {first!r}:
-        time.sleep(600)  # a worker stuck on the second shard: the kill lands there
+        threading.Event().wait()  # a worker stuck on the second shard until the kill lands there
     return decide(self, table, shard)
 dc.Decontaminate.decide = slow
 dc.decontaminate({out!r}, {data!r}, {eval_sets!r})

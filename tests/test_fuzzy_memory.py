@@ -5,7 +5,6 @@ default restored after."""
 
 import gc
 import re
-import time
 import weakref
 
 import pyarrow as pa
@@ -16,6 +15,7 @@ from marin_assets.pipeline.curation.filters import CurationFilter
 from marin_assets.pipeline.curation.fuzzy_dedup import FuzzyDedup, fuzzy_dedup
 from marin_assets.pipeline.curation.shards import document_id, read_shard, returning_memory, shard_path, write_shard
 from tests.support.curation import documents
+from tests.support.helpers import wait_for
 
 WORD = re.compile(r"[a-z0-9\u0080-\U0010ffff]+")
 EARLIER_SHARDS = 5
@@ -106,8 +106,5 @@ def test_fuzzy_dedup_reads_on_a_pool_that_hands_memory_back_and_the_default_come
         gc.collect()
         # Arrow's reader threads drop their last references to the buffers a moment after `read` returns (a
         # failed run printed the pool at 0 bytes just after this check saw the table's bytes): wait for it.
-        deadline = time.monotonic() + 30
-        while pool.bytes_allocated() > while_held - text_bytes and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert pool.bytes_allocated() <= while_held - text_bytes
+        wait_for(lambda: pool.bytes_allocated() <= while_held - text_bytes, "the shard's buffers to be freed", 30)
     assert pa.default_memory_pool().backend_name == before

@@ -10,7 +10,6 @@ tests/artifacts/screenshots/ (the README's come from there).
 import json
 import re
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -21,7 +20,7 @@ from marin_assets.dagster.plots import SQUARES
 from marin_assets.pipeline.training.checkpoints import list_checkpoints, run_dir_of
 from tests.support import ui_definitions as ui
 from tests.support.browser import dagster_dev_page
-from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
+from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env, wait_for
 
 SHOTS = ROOT / "tests" / "artifacts" / "screenshots"
 DEFINITIONS = ROOT / "tests" / "support" / "ui_definitions.py"
@@ -163,10 +162,8 @@ def report_as_materialized(ui_server):
     if ui_server.node("hello/report")["opVersion"] != ui_server.materialized_report:
         Path(ui_server.env["MARIN_UI_SETTINGS"]).write_text(json.dumps({"title": "Hello"}))
         ui_server.reload_definitions()
-        deadline = time.time() + 60  # a bound against a hang, not a timing assertion
-        while ui_server.node("hello/report")["opVersion"] != ui_server.materialized_report:
-            assert time.time() < deadline, "the reload did not bring the materialized title back"
-            time.sleep(0.5)
+        wait_for(lambda: ui_server.node("hello/report")["opVersion"] == ui_server.materialized_report,
+                 "the reload to bring the materialized title back", timeout=60, interval=0.5)
 
 
 @pytest.fixture
@@ -304,10 +301,8 @@ def test_an_unsynced_asset_shows_which_attribute_changed(ui_server, report_as_ma
     Path(ui_server.env["MARIN_UI_SETTINGS"]).write_text(json.dumps({"title": "Hello, again"}))
     page.goto(f"{ui_server.base}/asset-groups")
     page.get_by_text("Reload definitions").first.click()
-    deadline = time.time() + 60
-    while ui_server.node("hello/report")["opVersion"] == old_hash:
-        assert time.time() < deadline, "the reload did not pick up the new title"
-        time.sleep(0.5)
+    wait_for(lambda: ui_server.node("hello/report")["opVersion"] != old_hash, "the reload to pick up the new title",
+             timeout=60, interval=0.5)
     node = ui_server.node("hello/report")
     assert node["staleStatus"] == "STALE" and node["staleCauses"][0]["category"] == "CODE"
     assert "`title`: 'Hello' → 'Hello, again'" in node["description"]
@@ -368,11 +363,9 @@ def test_a_followed_source_shows_its_freshness_and_each_checkpoint_its_own_check
     page.goto(f"{ui_server.base}/assets/raw/ui-followed-docs")
     page.get_by_text("Freshness policy").first.wait_for()
     page.get_by_text("Fails if more than 7 days since last materialization").first.wait_for()
-    deadline = time.time() + 180  # the daemon evaluates every 30 s: a bound against a hang, not a timing assertion
-    while (ui_server.graphql(FRESHNESS_AND_CHECKS, assetKey={"path": ["raw", "ui-followed-docs"]})
-           ["assetNodeOrError"]["freshnessStatusInfo"]["freshnessStatus"] != "HEALTHY"):
-        assert time.time() < deadline, "the freshness daemon never evaluated the followed source"
-        time.sleep(2)
+    wait_for(lambda: ui_server.graphql(FRESHNESS_AND_CHECKS, assetKey={"path": ["raw", "ui-followed-docs"]})
+             ["assetNodeOrError"]["freshnessStatusInfo"]["freshnessStatus"] == "HEALTHY",
+             "the freshness daemon to evaluate the followed source (every 30 s)", timeout=180, interval=2)
     page.reload()
     page.get_by_text("Passing", exact=True).first.wait_for()
     ui_server.shot("freshness.png")
