@@ -12,7 +12,7 @@ export JAX_PLATFORMS ?= cpu
 export HF_HUB_OFFLINE ?= 1
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: install demo test lint dev bench lock clean
+.PHONY: install demo test lint docs dev bench lock clean
 
 install: $(STAMP) .env
 
@@ -76,6 +76,11 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The documentation site (mkdocs.yml: docs/ and the API reference from the docstrings) into site/, warnings as
+# errors. `.venv/bin/mkdocs serve` serves it while you edit. NO_MKDOCS_2_WARNING: no banner about MkDocs 2.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: install
 	$(BIN)/python bench/run.py
