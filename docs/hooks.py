@@ -1,9 +1,10 @@
-"""MkDocs hooks (mkdocs.yml `hooks:`): the changelog lives at the repository's root, where GitHub and
-Keep a Changelog readers look for it, and joins the site as `changelog.md`.
+"""MkDocs hooks (mkdocs.yml `hooks:`): the README and the changelog live at the repository's root, where
+GitHub shows them, and join the site as its front page (`index.md`) and `changelog.md`: one text each.
 
-Its links are written from the root (`docs/stability.md`); on the site the page sits beside the other pages,
-so exactly that `docs/` prefix is dropped. The pages link to it as `../CHANGELOG.md` (which GitHub
-resolves); on the site that link is pointed at the generated page. Nothing else is rewritten.
+Their links are written from the root (`docs/stability.md`, `CHANGELOG.md`); on the site both pages sit
+beside the other pages, so exactly that `docs/` prefix is dropped and the README's link to the changelog
+points at its page. The pages link to the changelog as `../CHANGELOG.md` (which GitHub resolves); on the
+site that link is pointed at the generated page. Nothing else is rewritten.
 """
 
 from __future__ import annotations
@@ -15,17 +16,20 @@ from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
-CHANGELOG = Path(__file__).resolve().parent.parent / "CHANGELOG.md"
+ROOT = Path(__file__).resolve().parent.parent
+FROM_ROOT = {"index.md": ROOT / "README.md", "changelog.md": ROOT / "CHANGELOG.md"}
+"""Each page made from a file at the root, by its name on the site."""
 
 
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
-    config.watch.append(str(CHANGELOG))  # `mkdocs serve` rebuilds when it changes
+    config.watch.extend(str(path) for path in FROM_ROOT.values())  # `mkdocs serve` rebuilds when they change
     return config
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
-    text = re.sub(r"\]\(docs/", "](", CHANGELOG.read_text())
-    files.append(File.generated(config, "changelog.md", content=text))
+    for name, path in FROM_ROOT.items():
+        text = re.sub(r"\]\(docs/", "](", path.read_text()).replace("](CHANGELOG.md)", "](changelog.md)")
+        files.append(File.generated(config, name, content=text))
     return files
 
 

@@ -1,6 +1,6 @@
 """The front door (`marin_assets.steps`) holds: every name resolves, the four groups partition it, every
 factory's docstring says what it makes and what its identity is, and the shipped experiments and the
-README's examples build from it rather than from deep pipeline modules."""
+documentation's examples (the README's and docs/'s) build from it rather than from deep pipeline modules."""
 
 import ast
 import inspect
@@ -23,7 +23,7 @@ EXPERIMENTS = sorted((ROOT / "marin_assets" / "experiments").glob("*.py"))
 COMPONENTS = sorted((ROOT / "marin_assets" / "dagster" / "components").glob("*.py"))
 """The YAML experiment component's files: they build steps as the experiments do."""
 FRONT_DOOR = {"marin_assets", "marin_assets.steps"}
-"""Where a README example takes names from: the protocol's names and the front door."""
+"""Where a documentation example takes names from: the protocol's names and the front door."""
 IMPERATIVES = {"build", "compute", "create", "download", "evaluate", "fine-tune", "make", "pin", "read", "return",
                "run", "start", "submit", "train", "tune", "use", "write"}
 """Summaries that say what the factory does rather than what it makes."""
@@ -168,23 +168,30 @@ def test_the_import_check_catches_a_deep_import():
     assert len(_marin_imports_outside_the_front_door(tree)) == 5
 
 
-def _readme_examples() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    return [block for block in re.findall(r"```python\n(.*?)```", text, re.S)]
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+"""The README (the front page) and the documentation's pages, whose examples tests/test_docs.py runs."""
 
 
-def test_the_readme_examples_import_only_from_the_front_door():
-    examples = _readme_examples()
-    assert len(examples) >= 10
+def _doc_examples() -> list[str]:
+    return [block for page in DOC_PAGES for block in re.findall(r"```python[^\n]*\n(.*?)```", page.read_text(), re.S)]
+
+
+def test_the_doc_examples_import_only_from_the_front_door():
+    examples = _doc_examples()
+    assert len(examples) >= 25
+    assert any("from marin_assets.steps import" in e for e in re.findall(r"```python\n(.*?)```",
+                                                                         (ROOT / "README.md").read_text(), re.S))
     for example in examples:
         wrong = _marin_imports_outside_the_front_door(ast.parse(example))
-        assert not wrong, f"a README example imports from outside the front door: {wrong}\n{example}"
+        assert not wrong, f"a documentation example imports from outside the front door: {wrong}\n{example}"
 
 
-def test_every_step_factory_the_readme_calls_is_at_the_front_door():
-    called = set(re.findall(r"\b([a-z_]+_(?:step|evals|sweep))\(", (ROOT / "README.md").read_text()))
+def test_every_step_factory_the_docs_call_is_at_the_front_door():
+    """Calls of `*_step(`, `*_evals(`, `*_sweep(` (not methods: `pipeline.checkpoint_evals()`)."""
+    text = " ".join(p.read_text() for p in DOC_PAGES)
+    called = set(re.findall(r"(?<![\w.])([a-z_]+_(?:step|evals|sweep))\(", text))
     assert {"train_step", "tokenize_step", "harness_checkpoint_evals", "lr_model_sweep"} <= called
-    assert sorted(called - set(front.__all__)) == []
+    assert sorted(called - set(front.__all__) - set(marin_assets.__all__)) == []
 
 
 def test_the_front_door_and_the_experiments_import_without_dagster():
