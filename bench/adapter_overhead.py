@@ -114,7 +114,7 @@ def sweep_definitions(n_steps: int):
     """A real sweep: `lr_model_sweep` over the demo's python-docs cache, train + eval per point."""
     from marin_assets import build_definitions
     from marin_assets.experiments import python_docs
-    from marin_assets.pipeline.reports.sweep import lr_model_sweep
+    from marin_assets.pipeline.sweeps import lr_model_sweep
     from marin_assets.pipeline.training.specs import ModelSpec
 
     points = n_steps // 2

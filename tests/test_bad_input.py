@@ -27,7 +27,7 @@ from marin_assets.pipeline.hello import numbers_step
 from marin_assets.pipeline.tokens.chat import chat_tokenize_step
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step, existing_tokenizer_step
-from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
 from tests.support.helpers import FAST, ROOT, corpus_and_tokenizer, wait_for
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
@@ -351,7 +351,7 @@ def test_unencodable_hash_attrs_bad_names_duplicates_and_escaping_overrides():
 def test_placeless_overrides_merged_names_and_sweep_points():
     from marin_assets import build_definitions
     from marin_assets.pipeline.hello import stats_step
-    from marin_assets.pipeline.reports.sweep import lr_model_sweep
+    from marin_assets.pipeline.sweeps import lr_model_sweep
 
     fails_at_definition("placeless_override", lambda: Step(name="raw/x", fn=print, override_output_path="gs://"))
     fails_at_definition("merged_names", lambda: build_definitions([Step(name="data/a-b", fn=print),

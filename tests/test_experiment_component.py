@@ -21,15 +21,16 @@ from marin_assets.dagster.components.scaffold import ExperimentScaffolder, Scaff
 from marin_assets.dagster.components.settings import Model, Optimizer, Trainer
 from marin_assets.dagster.instance import write_instance_yaml
 from marin_assets.pipeline.data.download import hf_download_step, url_download_step
-from marin_assets.pipeline.evals.loss import EvalResult, evaluate_step
-from marin_assets.pipeline.reports.sweep import lr_model_sweep
+from marin_assets.pipeline.evals.loss import EvalResult, loss_eval_step
+from marin_assets.pipeline.sweeps import lr_model_sweep
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
-from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step, existing_tokenizer_step
+from marin_assets.pipeline.tokens.tokenizer import existing_tokenizer_step
 from marin_assets.pipeline.tokens.validation_suite import url_validation_suite
 from marin_assets.pipeline.training.export import export_step
-from marin_assets.pipeline.training.pretrain import train_step
-from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult
+from marin_assets.steps import language_model_pipeline
 from tests.support.chat import write_docs_dataset
 from tests.support.helpers import BIN, run_cli, subprocess_env
 
@@ -99,7 +100,7 @@ def test_each_source_tokenizer_and_suite_is_the_factorys_step(tmp_path):
     train = train_step("checkpoints/web-llama", {"web-text": cache}, ModelSpec(**TINY), OptimizerSpec(),
                        TrainerSpec(**TINY_TRAINER), validation=suite)
     twin = [export_step("exports/web-llama", train),
-            evaluate_step("evals/web-llama", train, {"web-text": cache, **suite})]
+            loss_eval_step("evals/web-llama", train, {"web-text": cache, **suite})]
     steps = component.experiment().steps
     assert identities(steps) == identities(twin)
     assert {s.name for s in steps} == {"exports/web-llama", "evals/web-llama"}
@@ -230,8 +231,7 @@ def test_dg_scaffolds_an_experiment_that_dg_check_validates_and_a_misspelt_key_i
 def test_the_scaffolded_experiments_load_as_their_python_twins(lab, tmp_path):
     """The one-run and sweep files `dg scaffold defs` writes (the scaffolder in-process) load into the steps the
     factories make with the same settings."""
-    from marin_assets.experiments import small_lm
-    from marin_assets.pipeline.data.python_docs import python_docs_step
+    from marin_assets.steps import python_docs_step
 
     for params in (ScaffoldParams(name="one"), ScaffoldParams(name="grid", sweep=True)):
         ExperimentScaffolder().scaffold(dg.ScaffoldRequest(TYPE, tmp_path / params.name, "yaml", None, params))
@@ -240,10 +240,12 @@ def test_the_scaffolded_experiments_load_as_their_python_twins(lab, tmp_path):
     model = ModelSpec(**one["training"]["model"])
     optimizer, trainer = OptimizerSpec(**one["training"]["optimizer"]), TrainerSpec(**one["training"]["trainer"])
 
-    twin = small_lm.build("one", python_docs_step("raw/one"), "one", 512, model, trainer, optimizer)
-    assert identities(from_settings(**one).experiment().steps) == identities([twin["export"], twin["evaluate"]])
+    twin = language_model_pipeline("one", python_docs_step("raw/one"), vocab_size=512, model=model, trainer=trainer,
+                                   optimizer=optimizer)
+    assert identities(from_settings(**one).experiment().steps) == identities([twin.export, twin.evaluate])
 
-    base = small_lm.build("grid", python_docs_step("raw/grid"), "grid", 512, model, trainer, optimizer)
+    base = language_model_pipeline("grid", python_docs_step("raw/grid"), vocab_size=512, model=model,
+                                   trainer=trainer, optimizer=optimizer)
     sweep = lr_model_sweep("grid", {"grid": base["tokenized"]}, {"llama": model}, [0.001, 0.003, 0.01], trainer,
                            optimizer)
     assert identities(from_settings(**grid).experiment().steps) == identities(sweep)
@@ -270,11 +272,12 @@ def test_a_tiny_yaml_experiment_materializes_through_dagster_with_its_python_twi
             del sys.modules[module]
 
     docs = url_download_step("raw/tiny-docs", [str((folder / "docs").resolve())])
-    tokenizer = bpe_tokenizer_step("tokenizers/tiny-docs-bpe", docs, vocab_size=512)
-    cache = tokenize_step("tokenized/tiny-docs-bpe", docs, tokenizer)
-    train = train_step("checkpoints/tiny-docs-llama", {"docs": cache}, ModelSpec(**TINY),
-                       OptimizerSpec(learning_rate=0.01), TrainerSpec(**TINY_TRAINER))
-    twin: list[Step] = [docs, tokenizer, cache, train, evaluate_step("evals/tiny-docs-llama", train, {"docs": cache})]
+    pipeline = language_model_pipeline("tiny-docs", docs, dataset="docs", vocab_size=512, model=ModelSpec(**TINY),
+                                       optimizer=OptimizerSpec(learning_rate=0.01),
+                                       trainer=TrainerSpec(**TINY_TRAINER), export=False)
+    twin: list[Step] = list(pipeline.values())
+    assert [s.name for s in twin] == ["raw/tiny-docs", "tokenizers/tiny-docs-bpe", "tokenized/tiny-docs-bpe",
+                                      "checkpoints/tiny-docs-llama", "evals/tiny-docs-llama"]
     assert identities(steps.values()) == identities(twin)
 
     keys = [dg.AssetKey(s.name.split("/")) for s in twin]
@@ -290,6 +293,6 @@ def test_a_tiny_yaml_experiment_materializes_through_dagster_with_its_python_twi
 
     # The Python twin finds every output the YAML experiment made: nothing runs again.
     assert [materialize_step(s).cached for s in twin] == [True] * len(twin)
-    trained = load_result(train, TrainResult)
+    trained = load_result(pipeline.train, TrainResult)
     assert trained.steps == TINY_TRAINER["num_train_steps"] and trained.final_train_loss < trained.loss_curve[0][1]
     assert load_result(twin[-1], EvalResult).loss > 0

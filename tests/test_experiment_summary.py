@@ -17,14 +17,14 @@ from marin_assets.core.step import walk
 from marin_assets.dagster.metadata import result_metadata
 from marin_assets.dagster.plots import INLINE_LIMIT, MAX_SERIES, MIN_SERIES_POINTS, SQUARES, series_plot_markdown
 from marin_assets.pipeline.data.corpus import corpus_step
-from marin_assets.pipeline.evals.loss import evaluate_step
+from marin_assets.pipeline.evals.loss import loss_eval_step
 from marin_assets.pipeline.reports.experiment_summary import (
     TABLE_FILE,
     ExperimentSummaryError,
     experiment_summary,
     experiment_summary_step,
 )
-from marin_assets.pipeline.reports.sweep import lr_model_sweep
+from marin_assets.pipeline.sweeps import lr_model_sweep
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
@@ -40,7 +40,7 @@ def sweep_steps(trainer: TrainerSpec = TRAINER):
                               bpe_tokenizer_step("tokenizers/sum-bpe", stories, vocab_size=400))
     runs = lr_model_sweep("sum", {"stories": tokenized}, {"xs": XS, "s": S}, [1e-3, 1e-2], trainer=trainer,
                           evaluate=False)
-    evaluation = evaluate_step("evals/sum-xs-lr0.01", runs[1], {"stories": tokenized}, max_eval_batches=1)
+    evaluation = loss_eval_step("evals/sum-xs-lr0.01", runs[1], {"stories": tokenized}, max_eval_batches=1)
     return [*runs, evaluation]
 
 

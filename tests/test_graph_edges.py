@@ -17,7 +17,7 @@ from marin_assets.core.record import load_result
 from marin_assets.core.step import walk
 from marin_assets.execution.ray_runner import run_on_ray
 from marin_assets.pipeline.hello import numbers_step, stats_step
-from marin_assets.pipeline.reports.sweep import lr_model_sweep
+from marin_assets.pipeline.sweeps import lr_model_sweep
 from marin_assets.pipeline.training.specs import ModelSpec
 from resources import RayResource
 from tests.support.helpers import FAST

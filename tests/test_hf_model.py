@@ -25,16 +25,16 @@ from marin_assets import StepDefinitionError, build_definitions, load_result, ma
 from marin_assets.core.step import walk
 from marin_assets.pipeline.data.corpus import corpus_step
 from marin_assets.pipeline.data.download import DownloadError
-from marin_assets.pipeline.evals.loss import EvalResult, evaluate_lm, evaluate_step
+from marin_assets.pipeline.evals.loss import EvalResult, evaluate_lm, loss_eval_step
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.training.export import ExportResult, export_step
 from marin_assets.pipeline.training.hf_model import HfModel, HfModelError, hf_model_step, model_spec_of
 from marin_assets.pipeline.training.hf_to_levanter import LevanterCheckpoint, hf_to_levanter_step
-from marin_assets.pipeline.training.pretrain import train_step
-from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.sources import from_checkpoint, from_hf
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support.helpers import output_files
 from tests.support.hub_server import HubRepo, HubServer, release_hub, use_hub
 
@@ -220,7 +220,7 @@ def test_evaluation_reads_the_conversion_as_the_training_run_measured_it(made, h
 
 
 def test_an_evaluation_step_evaluates_the_conversion_and_the_downloaded_model_as_it_does_a_run(made, hub, tmp_path):
-    """`evaluate_step` takes a model from the Hub as it takes a training step: the record says where the weights are
+    """`loss_eval_step` takes a model from the Hub as it takes a training step: the record says where the weights are
     and what they are; the downloaded folder and its conversion score the same."""
     converted = made.result(made.converted, LevanterCheckpoint)
     model, tokenizer = converted.model_and_tokenizer()
@@ -228,7 +228,7 @@ def test_an_evaluation_step_evaluates_the_conversion_and_the_downloaded_model_as
     direct = evaluate_lm(str(tmp_path / "direct"), converted.checkpoint_path(), model, tokenizer, {"stories": cache},
                          max_eval_batches=1, vocab_size=converted.vocab_size)
     for evaluated in (made.converted, made.model):
-        step = evaluate_step(f"evals/{evaluated.name.rsplit('/', 1)[-1]}", evaluated, {"stories": made.tokenized},
+        step = loss_eval_step(f"evals/{evaluated.name.rsplit('/', 1)[-1]}", evaluated, {"stories": made.tokenized},
                              max_eval_batches=1)
         got = made.result(step, EvalResult)
         assert math.isclose(got.loss, direct.loss, rel_tol=1e-4), (evaluated.name, got.loss, direct.loss)
@@ -329,7 +329,7 @@ def test_the_steps_refuse_what_they_cannot_use(made):
 def test_a_run_from_a_conversion_given_its_model_knows_it_without_being_told(made):
     """A conversion given its `ModelSpec` passes it on to what starts from it (SFT, DPO); one reading it from the
     config at run time cannot, and the step asks for it when defined."""
-    from marin_assets.pipeline.training.sft import model_of
+    from marin_assets.pipeline.training.sources import model_of
 
     typed = hf_to_levanter_step("checkpoints/tiny-llama-levanter-typed", made.model, model=TINY)
     assert model_of("step 'x'", None, from_checkpoint(typed)) == TINY

@@ -18,13 +18,13 @@ from marin_assets import StepDefinitionError, build_definitions, load_result, ma
 from marin_assets.core.step import walk
 from marin_assets.experiments import python_docs, tiny_stories
 from marin_assets.pipeline.data.python_docs import PythonDocs
-from marin_assets.pipeline.evals.loss import EvalResult, evaluate_lm, evaluate_step
+from marin_assets.pipeline.evals.loss import EvalResult, evaluate_lm, loss_eval_step
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenize
 from marin_assets.pipeline.training.checkpoints import checkpoint_steps
 from marin_assets.pipeline.training.export import export_hf
-from marin_assets.pipeline.training.pretrain import train_lm, train_step
-from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.pretrain.step import train_lm, train_step
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, SpecError, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support.helpers import ROOT, corpus_and_tokenizer, subprocess_env
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
@@ -137,7 +137,7 @@ def test_the_whole_demo_graph_materializes_on_ray(prefix, local_ray, dagster_hom
     other_kind = dataclasses.replace(pipeline["tokenized"], kind="pretokenized")
     same_training = train_step("checkpoints/t-llama", {"stories": other_kind}, TINY, OptimizerSpec(), SHORT)
     assert same_training.hash == pipeline["train"].hash
-    again = evaluate_step("evals/t-llama-again", same_training, {"stories": other_kind}, checkpoint_step=5,
+    again = loss_eval_step("evals/t-llama-again", same_training, {"stories": other_kind}, checkpoint_step=5,
                           max_eval_batches=1)
     assert materialize_step(again).record.result["step"] == 5
 
@@ -181,7 +181,7 @@ def test_gpt2_trains_and_exports_offline(cache, tmp_path):
 
 
 def test_a_sweep_expands_a_grid_sharing_the_tokenized_cache():
-    from marin_assets.pipeline.reports.sweep import lr_model_sweep
+    from marin_assets.pipeline.sweeps import lr_model_sweep
 
     base = small_pipeline()
     models = {"xs": TINY, "s": ModelSpec(hidden_dim=64, intermediate_dim=128, num_layers=2, num_heads=2,

@@ -249,7 +249,7 @@ def test_every_checkpoint_and_the_export_are_one_kind_of_evaluation(inside):
     """The final step reads the run (or its export); each checkpoint's partition reads only the cache."""
     train, cache = inside.steps["train_bpe"], inside.steps["tokenized_bpe"]
     family = log_probs_checkpoint_evals("evals/inside-log-probs-checkpoints", train, cache, max_docs=MAX_DOCS)
-    assert isinstance(family, CheckpointEvals) and family.kind == inside.checkpoint.eval_kind
+    assert isinstance(family, CheckpointEvals) and family.eval_kind == inside.checkpoint.eval_kind
     partition = family.step(1)
     assert list(partition.deps) == [cache] and partition.hash_attrs["checkpoint_step"] == 1
     assert inside.checkpoint.hash_attrs == {"max_docs": MAX_DOCS, "split": "validation", "checkpoint_step": None}

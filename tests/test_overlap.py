@@ -21,7 +21,7 @@ from marin_assets import build_definitions, materialize_step
 from marin_assets.core.files import atomic_write
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.curation.decontaminate import EvalSet
-from marin_assets.pipeline.curation.overlap import (
+from marin_assets.pipeline.curation.ngram_overlap import (
     UNION,
     EvalExamples,
     OverlapError,
@@ -32,12 +32,12 @@ from marin_assets.pipeline.data.preference import preference_data_step
 from marin_assets.pipeline.evals.harness_tasks import harness_task
 from marin_assets.pipeline.reports.overlap import HITS_FILE, MATRIX_FILE, overlap_step
 from marin_assets.pipeline.tokens.chat import chat_tokenize_step
-from marin_assets.pipeline.tokens.preference import preference_tokenize_step
+from marin_assets.pipeline.tokens.preference_cache import preference_tokenize_step
 from marin_assets.pipeline.tokens.pretokenized import pretokenized_step
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
-from marin_assets.pipeline.training.dpo import dpo_step
+from marin_assets.pipeline.training.dpo.step import dpo_step
 from marin_assets.pipeline.training.lineage import training_datasets_of
-from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.sources import from_checkpoint, from_hf
 from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
 

@@ -21,7 +21,7 @@ from marin_assets.pipeline.data.preference import preference_data, preference_da
 from marin_assets.pipeline.data.readers import DatasetError
 from marin_assets.pipeline.tokens import levanter_cache as lc
 from marin_assets.pipeline.tokens.chat import DEFAULT_CHAT_TEMPLATE
-from marin_assets.pipeline.tokens.preference import (
+from marin_assets.pipeline.tokens.preference_cache import (
     BOTH_SIDES,
     PreferenceRenderer,
     pairs_without_answers,

@@ -16,7 +16,7 @@ from marin_assets.core.results import from_jsonable, to_jsonable
 from marin_assets.core.step import walk
 from marin_assets.dagster.metadata import result_metadata
 from marin_assets.pipeline.data.corpus import corpus_step
-from marin_assets.pipeline.evals.loss import evaluate_step
+from marin_assets.pipeline.evals.loss import loss_eval_step
 from marin_assets.pipeline.reports.run_costs import TABLE_FILE, RunCostTable, every_run_costed, run_costs_step
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
@@ -28,10 +28,10 @@ from marin_assets.pipeline.training.cost import (
     run_cost,
 )
 from marin_assets.pipeline.training.levanter_trainer import SUMMARY_STEP, read_metrics
-from marin_assets.pipeline.training.pretrain import train_step
-from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.runner import METRICS_FILE
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult, TrainStep
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
 TRAINER = TrainerSpec(num_train_steps=8, train_batch_size=4, checkpoint_every=4, steps_per_eval=4, max_eval_batches=1)
@@ -176,7 +176,7 @@ def test_a_sweeps_cost_table_has_a_row_per_run_and_dagster_shows_it(run):
     record["result"] = old_record(run.result)
     with open(record_path(old_output), "w") as f:
         json.dump(record, f)
-    evaluation = evaluate_step("evals/cost-tiny", run.train, {"stories": run.tokenized})
+    evaluation = loss_eval_step("evals/cost-tiny", run.train, {"stories": run.tokenized})
     table = run_costs_step("reports/costs", [run.train, evaluation, old])
     assert [d.name for d in table.deps] == ["checkpoints/cost-tiny", "checkpoints/cost-old"]
     materialize_step(table, prefix=run.prefix)
@@ -222,7 +222,7 @@ def test_a_cost_table_needs_a_training_step(run):
 
 def test_a_sweeps_cost_table_is_an_asset_over_its_training_runs(run):
     from marin_assets import build_definitions
-    from marin_assets.pipeline.reports.sweep import lr_model_sweep
+    from marin_assets.pipeline.sweeps import lr_model_sweep
 
     sweep = lr_model_sweep("tiny", {"stories": run.tokenized}, {"a": TINY}, [1e-3, 3e-3], TRAINER)
     table = run_costs_step("reports/tiny-costs", sweep)

@@ -16,10 +16,10 @@ import pytest
 
 from marin_assets import materialize_step
 from marin_assets.core.step import walk
-from marin_assets.experiments import small_lm
 from marin_assets.pipeline.data.corpus import generate_corpus
 from marin_assets.pipeline.data.download import url_download_step
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.steps import language_model_pipeline
 from tests.support.helpers import FAST
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
@@ -44,7 +44,8 @@ def test_the_pipeline_on_s3_keeps_every_byte_in_the_bucket(s3_prefix, empty_cwd,
     source = tmp_path / "source"
     generate_corpus(str(source), train_documents=300, validation_documents=40, seed=3, shards=2)
     corpus = url_download_step("raw/s3-stories", [str(source)])
-    steps = small_lm.build("s3-stories", corpus, "stories", 400, TINY, SHORT, OptimizerSpec(learning_rate=1e-2))
+    steps = language_model_pipeline("s3-stories", corpus, dataset="stories", vocab_size=400, model=TINY, trainer=SHORT,
+                                    optimizer=OptimizerSpec(learning_rate=1e-2))
     temp_before = local_entries()
 
     outcomes = {step.name: materialize_step(step, prefix=s3_prefix, settings=FAST)

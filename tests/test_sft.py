@@ -16,7 +16,7 @@ import pytest
 from marin_assets import Step, StepDefinitionError, build_definitions, load_result, materialize_step
 from marin_assets.core.step import walk
 from marin_assets.pipeline.data.readers import DatasetError
-from marin_assets.pipeline.evals.loss import EvalResult, evaluate_lm, evaluate_step
+from marin_assets.pipeline.evals.loss import EvalResult, evaluate_lm, loss_eval_step
 from marin_assets.pipeline.tokens import chat as chat_module
 from marin_assets.pipeline.tokens.chat import (
     DEFAULT_CHAT_TEMPLATE,
@@ -28,11 +28,11 @@ from marin_assets.pipeline.tokens.chat import (
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step, load_hf_tokenizer
 from marin_assets.pipeline.training.export import ExportResult, export_step
-from marin_assets.pipeline.training.pretrain import train_step
-from marin_assets.pipeline.training.run import TrainResult
-from marin_assets.pipeline.training.sft import sft_step
+from marin_assets.pipeline.training.pretrain.step import train_step
+from marin_assets.pipeline.training.sft.step import sft_step
 from marin_assets.pipeline.training.sources import from_checkpoint, from_hf
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support.chat import (
     assistant_positions,
     conversations,
@@ -73,8 +73,8 @@ class Pipeline:
                                             from_checkpoint(self.base), longer, SFT_LR,
                                             replace(SFT_TRAINER, num_train_steps=2))
         self.sft_export = export_step("exports/sft", self.sft)
-        self.base_eval = evaluate_step("evals/base-chat", self.base, {"chat": self.chat})
-        self.sft_eval = evaluate_step("evals/sft-chat", self.sft, {"chat": self.chat})
+        self.base_eval = loss_eval_step("evals/base-chat", self.base, {"chat": self.chat})
+        self.sft_eval = loss_eval_step("evals/sft-chat", self.sft, {"chat": self.chat})
 
     def result(self, step: Step, kind: type):
         """Materialize `step` and what it reads; its typed result."""

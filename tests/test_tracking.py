@@ -16,13 +16,11 @@ import dagster as dg
 from marin_assets.core.record import read_record
 from marin_assets.dagster.instance import write_instance_yaml
 from marin_assets.pipeline.data.corpus import corpus_step
-from marin_assets.pipeline.tokens.tokenize import tokenize_step
-from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.training.levanter_trainer import read_metrics
-from marin_assets.pipeline.training.pretrain import train_step
 from marin_assets.pipeline.training.runner import METRICS_FILE
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.training.tracking import Tracking
+from marin_assets.steps import language_model_pipeline
 from tests.support.helpers import BIN, ROOT, subprocess_env
 from tests.test_secrets import files_containing
 
@@ -42,10 +40,9 @@ DEFS = textwrap.dedent("""
 def tracked_training(tracking: Tracking | None = TRACKING):
     """The tiny training (and the steps it reads), logging to W&B and TensorBoard."""
     stories = corpus_step("raw/tracked", train_documents=300, validation_documents=30, seed=3, shards=1)
-    bpe = bpe_tokenizer_step("tokenizers/tracked", stories, vocab_size=300)
-    cache = tokenize_step("tokenized/tracked", stories, bpe)
-    return train_step("checkpoints/tracked", {"stories": cache}, TINY, OptimizerSpec(learning_rate=1e-2), SHORT,
-                      tracking=tracking)
+    return language_model_pipeline("tracked", stories, dataset="stories", vocab_size=300, model=TINY,
+                                   optimizer=OptimizerSpec(learning_rate=1e-2), trainer=SHORT, export=False,
+                                   evaluate=False, tracking=tracking).train
 
 
 def test_tracking_is_not_identity():
@@ -149,7 +146,7 @@ def test_wandb_offline_and_tensorboard_hold_the_json_losses_and_the_key_is_writt
     assert all(abs(boards[s] - v) <= 1e-6 * max(1.0, abs(v)) for s, v in json_losses.items())  # float32 in events
 
     instance = dg.DagsterInstance.from_config(str(home))
-    event = instance.get_latest_materialization_event(dg.AssetKey(["checkpoints", "tracked"]))
+    event = instance.get_latest_materialization_event(dg.AssetKey(["checkpoints", "tracked-llama"]))
     assert event is not None and event.asset_materialization is not None
     shown = {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
     assert shown["result.tracking.wandb_dir"] == str(run_dir)  # the UI shows where the run's W&B files are

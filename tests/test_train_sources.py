@@ -22,7 +22,7 @@ from marin_assets.core.paths import using_prefix
 from marin_assets.core.record import read_record
 from marin_assets.core.step import walk
 from marin_assets.pipeline.data.corpus import corpus_step
-from marin_assets.pipeline.evals.loss import EvalResult, evaluate_step
+from marin_assets.pipeline.evals.loss import EvalResult, loss_eval_step
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenize, tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import (
     bpe_tokenizer_step,
@@ -30,11 +30,12 @@ from marin_assets.pipeline.tokens.tokenizer import (
     train_tokenizer,
 )
 from marin_assets.pipeline.training.export import export_step
-from marin_assets.pipeline.training.pretrain import TrainDataError, train_step, training_data_config
-from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.pretrain.step import train_step, training_data_config
 from marin_assets.pipeline.training.runner import platform_for
 from marin_assets.pipeline.training.sources import TrainSourceError, from_checkpoint, from_hf
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TokenBudget, TrainerSpec
+from marin_assets.pipeline.training.train_data import TrainDataError
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support.helpers import ROOT, subprocess_env
 from tests.support.real_tokenizers import CL100K_GAP, CL100K_MAX_ID, cl100k_folder
 
@@ -160,7 +161,7 @@ def test_cl100k_adopted_tokenized_trained_and_evaluated(pipeline):
     validation = tokenize_step("tokenized/stories-cl100k-val", pipeline.stories, pipeline.cl100k,
                                splits={"validation": ["validation/*"]})
     run = train_step("checkpoints/cl100k", {"stories": train_cache}, TINY, LR, SHORT)
-    evaluation = evaluate_step("evals/cl100k", run, {"stories": validation}, max_eval_batches=1)
+    evaluation = loss_eval_step("evals/cl100k", run, {"stories": validation}, max_eval_batches=1)
     trained = pipeline.result(run, TrainResult)
     assert trained.vocab_size == 100_352  # largest id 100276 + 1, rounded up to a multiple of 128
     first = trained.loss_curve[0][1]
@@ -438,7 +439,7 @@ def test_a_gpu_step_asks_for_cuda_and_keeps_the_identity_of_its_cpu_twin(pipelin
     assert gpu.hash == cpu.hash  # hardware is not identity
     assert platform_for(gpu.resources) == "cuda" and platform_for(cpu.resources) is None
     assert platform_for(Resources(tpu_type="v5e-8")) == "tpu"
-    from marin_assets.pipeline.reports.sweep import lr_model_sweep
+    from marin_assets.pipeline.sweeps import lr_model_sweep
 
     sweep = lr_model_sweep("gpu-sweep", {"stories": pipeline.tok_stories}, {"tiny": TINY}, [1e-2], trainer=SHORT,
                            gpu=1, budget=TokenBudget(train_tokens=5 * PER_BATCH))
@@ -468,7 +469,7 @@ def test_a_gpu_step_without_cuda_in_jax_fails_at_once_saying_so(pipeline, tmp_pa
 GPU_WORKER = """
 import sys
 from marin_assets import materialize_step
-from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.pretrain.step import train_step
 from tests.test_train_sources import LR, SHORT, TINY, Pipeline
 
 pipeline = Pipeline(sys.argv[1], sys.argv[2])

@@ -17,7 +17,7 @@ from marin_assets.core.step import walk
 from marin_assets.pipeline.data.corpus import corpus_step
 from marin_assets.pipeline.data.download import Download, DownloadError
 from marin_assets.pipeline.data.python_docs import pydoc_topics
-from marin_assets.pipeline.evals.loss import EvalResult, evaluate_step
+from marin_assets.pipeline.evals.loss import EvalResult, loss_eval_step
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.tokens.validation_suite import (
@@ -25,9 +25,9 @@ from marin_assets.pipeline.tokens.validation_suite import (
     unmatched_globs,
     url_validation_suite,
 )
-from marin_assets.pipeline.training.pretrain import train_step
-from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub
 
 REPO = "eval-org/held-out"
@@ -71,7 +71,7 @@ def test_a_suite_scores_a_training_run_and_an_evaluation_on_every_set(hub, prefi
     assert sorted(validation) == ["heldout-licenses", "heldout-pydoc"]
     train = train_step("checkpoints/vs", {"stories": stories}, TINY, OptimizerSpec(learning_rate=1e-2), SHORT,
                        validation=validation)
-    evaluation = evaluate_step("evals/vs", train, validation, max_eval_batches=2)
+    evaluation = loss_eval_step("evals/vs", train, validation, max_eval_batches=2)
     for step in walk([evaluation]):
         materialize_step(step, prefix=prefix)
 

@@ -11,7 +11,6 @@ removed more than half of its input.
 from __future__ import annotations
 
 from marin_assets import Experiment, Step
-from marin_assets.experiments import small_lm
 from marin_assets.steps import (
     PLANTED_EVAL_SETS,
     EvalSet,
@@ -22,6 +21,7 @@ from marin_assets.steps import (
     exact_dedup_step,
     fuzzy_dedup_step,
     heuristic_filter_step,
+    language_model_pipeline,
     normalize_step,
     planted_corpus_step,
     quality_classifier_step,
@@ -57,10 +57,11 @@ def curation(prefix: str = DATASET, seed: int = 0, shard_bytes: int = 100_000) -
 
 def build(prefix: str = DATASET, seed: int = 0, vocab_size: int = 512, model: ModelSpec = MODEL,
           trainer: TrainerSpec = TRAINER, optimizer: OptimizerSpec = OptimizerSpec()) -> dict[str, Step]:
-    """Curation, then the small-LM pipeline on the curated corpus."""
+    """Curation, then the language-model pipeline on the curated corpus (its `corpus` is the decontaminated one)."""
     curated = curation(prefix, seed)
-    return {**curated, **small_lm.build(prefix, curated["decontaminated"], DATASET, vocab_size, model, trainer,
-                                        optimizer)}
+    return {**curated, **language_model_pipeline(prefix, curated["decontaminated"], dataset=DATASET,
+                                                 vocab_size=vocab_size, model=model, trainer=trainer,
+                                                 optimizer=optimizer)}
 
 
 pipeline = build()

@@ -8,6 +8,8 @@ one checkpoint sensor for both, so a checkpoint's loss and task evaluations run 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from marin_assets import Experiment, Step
 from marin_assets.experiments import python_docs
 from marin_assets.steps import (
@@ -24,7 +26,7 @@ NUM_FEWSHOT = 1
 400 requests lose part of their examples (`TaskScore.truncated`), with one 89."""
 
 
-def build(pipeline: dict[str, Step], prefix: str, tasks: list[HarnessTask] | None = None,
+def build(pipeline: Mapping[str, Step], prefix: str, tasks: list[HarnessTask] | None = None,
           num_fewshot: int = NUM_FEWSHOT, limit: int | None = None) -> tuple[Step, CheckpointEvals]:
     """The tasks (default: the shipped ones) on the pipeline's last checkpoint, `evals/{prefix}-llama-harness`,
     and on each of its checkpoints, `evals/{prefix}-llama-harness-checkpoints`."""

@@ -33,13 +33,13 @@ from marin_assets.steps import (
     TrainerSpec,
     TrainStep,
     dpo_step,
-    evaluate_step,
     expand_files,
     export_step,
     from_checkpoint,
     from_hf,
     iter_records,
     local_dir_for,
+    loss_eval_step,
     preference_data_step,
     preference_tokenize_step,
     reference_logprobs_step,
@@ -122,7 +122,7 @@ def build(prefix: str = "python-docs", trainer: TrainerSpec = TRAINER, optimizer
                    reference=sft_preferences, model=model, optimizer=optimizer, trainer=trainer)
     return {**tuned, "prefs_data": raw, "prefs": prefs, "prefs_cache": cache, "sft_preferences": sft_preferences,
             "dpo": dpo, "dpo_export": export_step(f"exports/{prefix}-chat-dpo{suffix}", dpo),
-            "dpo_evaluate": evaluate_step(f"evals/{prefix}-chat-dpo{suffix}", dpo, {"chat": tuned["chat"]}),
+            "dpo_evaluate": loss_eval_step(f"evals/{prefix}-chat-dpo{suffix}", dpo, {"chat": tuned["chat"]}),
             "dpo_preferences": reference_logprobs_step(f"evals/{prefix}-chat-dpo{suffix}-preferences",
                                                        from_checkpoint(dpo), cache, model, trainer.mixed_precision)}
 
@@ -147,7 +147,7 @@ def report(built: dict[str, Step]) -> list[str]:
         lines.append(f"  {split} pairs ({before['pairs']}): log-prob preference accuracy"
                      f" {before['logprob_accuracy']:.3f} (SFT) → {after['logprob_accuracy']:.3f} (DPO); mean margin"
                      f" {before['margin_mean']:.2f} → {after['margin_mean']:.2f} nats")
-    dpo = result["dpo"]["dpo"]
+    dpo = result["dpo"]["method_metrics"]
     curve = ", ".join(f"{accuracy:.3f}" for _, accuracy in dpo["validation_accuracy_curve"])
     lines.append(f"  held-out implicit-reward accuracy (β {dpo['beta']}) by evaluation: {curve}; final reward margin"
                  f" {dpo['final_validation_margin']:.3f}, DPO loss {dpo['final_validation_loss']:.4f}")

@@ -11,12 +11,14 @@ prints the matrix.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from marin_assets import Experiment, Step
 from marin_assets.experiments import python_docs
 from marin_assets.steps import TokenizeStep, overlap_step, shipped_tasks, training_datasets_of
 
 
-def build(pipeline: dict[str, Step], prefix: str) -> Step:
+def build(pipeline: Mapping[str, Step], prefix: str) -> Step:
     """The overlap of the shipped tasks and the pipeline's validation split with its model's training data,
     `reports/{prefix}-overlap`."""
     tokenized = pipeline["tokenized"]

@@ -8,9 +8,17 @@ ln(vocab) as a real run's does and is still falling at the end. `build()` makes 
 
 from __future__ import annotations
 
-from marin_assets import Experiment, Step
-from marin_assets.experiments import small_lm
-from marin_assets.steps import CheckpointEvals, ModelSpec, OptimizerSpec, PythonBuild, TrainerSpec, python_docs_step
+from marin_assets import Experiment
+from marin_assets.steps import (
+    CheckpointEvals,
+    LanguageModelPipeline,
+    ModelSpec,
+    OptimizerSpec,
+    PythonBuild,
+    TrainerSpec,
+    language_model_pipeline,
+    python_docs_step,
+)
 
 DATASET = "python-docs"
 MODEL = ModelSpec(family="llama", hidden_dim=128, intermediate_dim=512, num_layers=2, num_heads=4, num_kv_heads=4,
@@ -21,15 +29,18 @@ TRAINER = TrainerSpec(num_train_steps=200, train_batch_size=16, checkpoint_every
 
 def build(prefix: str = "python-docs", python: PythonBuild | None = None, vocab_size: int = 1024,
           model: ModelSpec = MODEL, trainer: TrainerSpec = TRAINER,
-          optimizer: OptimizerSpec = OptimizerSpec()) -> dict[str, Step]:
-    """The pipeline on the documentation of `python` (default: the running interpreter)."""
+          optimizer: OptimizerSpec = OptimizerSpec()) -> LanguageModelPipeline:
+    """`language_model_pipeline` on the documentation of `python` (default: the running interpreter)."""
     corpus = python_docs_step(f"raw/{prefix}", python)
-    return small_lm.build(prefix, corpus, DATASET, vocab_size, model, trainer, optimizer)
+    return language_model_pipeline(prefix, corpus, dataset=DATASET, vocab_size=vocab_size, model=model,
+                                   trainer=trainer, optimizer=optimizer)
 
 
-def checkpoint_evals(pipeline: dict[str, Step], prefix: str = "python-docs") -> CheckpointEvals:
-    """Every checkpoint of the training run, evaluated on the validation split as it lands."""
-    return small_lm.checkpoint_evals(pipeline, prefix, DATASET, TRAINER.max_eval_batches)
+def checkpoint_evals(pipeline: LanguageModelPipeline, prefix: str = "python-docs") -> CheckpointEvals:
+    """Every checkpoint of the training run, evaluated on the validation split as it lands (`TRAINER`'s
+    batches, whatever trainer the pipeline was built with)."""
+    assert pipeline.prefix == prefix, f"the pipeline is {pipeline.prefix!r}'s, not {prefix!r}'s"
+    return pipeline.checkpoint_evals(TRAINER.max_eval_batches)
 
 
 pipeline = build()

@@ -25,10 +25,10 @@ from marin_assets.steps import (
     SequentialDigits,
     TrainerSpec,
     chat_tokenize_step,
-    evaluate_step,
     export_step,
     from_checkpoint,
     from_hf,
+    loss_eval_step,
     rl_step,
     sft_step,
     worked_examples_step,
@@ -59,8 +59,8 @@ def build(prefix: str = "rl-digits") -> dict[str, Step]:
                  trainer=RL_TRAINER)
     return {**pretrained, "examples": examples, "chat": chat, "sft": sft, "rl": rl,
             "rl_export": export_step(f"exports/{prefix}-rl", rl),
-            "rl_evaluate": evaluate_step(f"evals/{prefix}-rl", rl, {"examples": chat}),
-            "sft_evaluate": evaluate_step(f"evals/{prefix}-sft", sft, {"examples": chat})}
+            "rl_evaluate": loss_eval_step(f"evals/{prefix}-rl", rl, {"examples": chat}),
+            "sft_evaluate": loss_eval_step(f"evals/{prefix}-sft", sft, {"examples": chat})}
 
 
 pipeline = build()
@@ -74,13 +74,13 @@ def main() -> None:
     from marin_assets.core.materialize import materialize_step
     from marin_assets.core.record import load_result
     from marin_assets.core.step import walk
-    from marin_assets.steps import TrainResult
+    from marin_assets.steps import RlMetrics, TrainResult
 
     for step in walk(steps):
         outcome = materialize_step(step)
         print(f"{step.name}: {'cached' if outcome.cached else 'materialized'} at {outcome.output_path}")
-    rl = load_result(pipeline["rl"], TrainResult).rl
-    assert rl is not None
+    rl = load_result(pipeline["rl"], TrainResult).method_metrics
+    assert isinstance(rl, RlMetrics), f"{pipeline['rl'].name} recorded no RL metrics"
     print(f"held-out pass rate: {rl.initial_held_out_pass_rate:.3f} (SFT) → {rl.final_held_out_pass_rate:.3f} (RL),"
           f" {rl.held_out_problems} problems; sampling {rl.sampling_tokens_per_second} tokens/s,"
           f" updates {rl.update_tokens_per_second} tokens/s")

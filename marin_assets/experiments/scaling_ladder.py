@@ -12,6 +12,8 @@ predicted 4.97 at 3e11, where the run reached 4.72 (−5 %).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from marin_assets import Experiment, Step
 from marin_assets.experiments import python_docs
 from marin_assets.steps import (
@@ -44,7 +46,7 @@ def build(prefix: str = "python-docs", budgets: tuple[float, ...] = BUDGETS, nex
     return {**base, "analysis": analysis, "optimal": optimal}
 
 
-def ladder(prefix: str, base: dict[str, Step], budgets: tuple[float, ...], scale: IsoFlopScale) -> IsoFlopSweep:
+def ladder(prefix: str, base: Mapping[str, Step], budgets: tuple[float, ...], scale: IsoFlopScale) -> IsoFlopSweep:
     """The IsoFLOP runs on the demo's cache (and its validation split)."""
     return isoflop_sweep(prefix, budgets, {python_docs.DATASET: base["tokenized"]}, VOCAB_SIZE, scale)
 

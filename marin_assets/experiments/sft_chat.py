@@ -24,12 +24,12 @@ from marin_assets.steps import (
     OptimizerSpec,
     TrainerSpec,
     chat_tokenize_step,
-    evaluate_step,
     expand_files,
     export_step,
     from_hf,
     iter_records,
     local_dir_for,
+    loss_eval_step,
     sft_step,
 )
 
@@ -101,8 +101,8 @@ def build(prefix: str = "python-docs", trainer: TrainerSpec = TRAINER,
                    optimizer, trainer)
     return {**pretrained, "chat_data": chat_data, "chat": chat, "sft": sft,
             "sft_export": export_step(f"exports/{prefix}-chat-sft", sft),
-            "sft_evaluate": evaluate_step(f"evals/{prefix}-chat-sft", sft, {"chat": chat}),
-            "base_evaluate": evaluate_step(f"evals/{prefix}-chat-base", pretrained["train"], {"chat": chat})}
+            "sft_evaluate": loss_eval_step(f"evals/{prefix}-chat-sft", sft, {"chat": chat}),
+            "base_evaluate": loss_eval_step(f"evals/{prefix}-chat-base", pretrained["train"], {"chat": chat})}
 
 
 pipeline = build()

@@ -27,7 +27,7 @@ from marin_assets.pipeline.data.readers import iter_records
 from marin_assets.pipeline.data.text_files import expand_files, local_dir_for
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
 from marin_assets.pipeline.tokens.chat import chat_tokenize_step
-from marin_assets.pipeline.tokens.preference import preference_tokenize_step
+from marin_assets.pipeline.tokens.preference_cache import preference_tokenize_step
 from marin_assets.pipeline.tokens.pretokenized import pretokenized_step
 from marin_assets.pipeline.tokens.tokenize import TokenizeStep, tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step, existing_tokenizer_step

@@ -2,14 +2,14 @@
 
 Loss and bits per byte, lm-eval harness tasks, per-token log-probs, the perplexity gap between two models,
 and the train–test overlap of evaluation sets with a model's training text; `eval_step` and
-`CheckpointEvals` run any `EvalKind`.
+`CheckpointEvals` run any `EvalKind`. `evaluate_step` is `loss_eval_step`'s name before 0.2.0 (it goes in 0.3.0).
 """
 
 from marin_assets.pipeline.evals.harness import harness_checkpoint_evals, harness_eval_step
 from marin_assets.pipeline.evals.harness_tasks import HarnessTask, harness_task, shipped_tasks
 from marin_assets.pipeline.evals.kind import EvalKind
 from marin_assets.pipeline.evals.log_probs import log_probs_checkpoint_evals, log_probs_step
-from marin_assets.pipeline.evals.loss import evaluate_step, loss_checkpoint_evals
+from marin_assets.pipeline.evals.loss import evaluate_step, loss_checkpoint_evals, loss_eval_step
 from marin_assets.pipeline.evals.perplexity_gap import (
     TextSet,
     perplexity_gap_checkpoint_evals,
@@ -23,7 +23,7 @@ __all__ = [
     # any kind, final or per checkpoint
     "eval_step", "EvalStep", "EvalKind", "CheckpointEvals",
     # loss and bits per byte
-    "evaluate_step", "loss_checkpoint_evals",
+    "loss_eval_step", "loss_checkpoint_evals",
     # lm-eval harness
     "harness_eval_step", "harness_checkpoint_evals", "HarnessTask", "harness_task", "shipped_tasks",
     # inside a model
@@ -31,4 +31,6 @@ __all__ = [
     "suite_text_sets", "TextSet",
     # train–test overlap
     "overlap_step",
+    # old names, kept for one release: calling one warns (DeprecationWarning), naming the new name
+    "evaluate_step",  # loss_eval_step
 ]

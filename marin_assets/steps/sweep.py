@@ -10,9 +10,9 @@ from marin_assets.pipeline.reports.optimal_run import optimal_run_step
 from marin_assets.pipeline.reports.run_costs import run_costs_step
 from marin_assets.pipeline.reports.scaling_analysis import scaling_laws_step
 from marin_assets.pipeline.reports.speedrun import Author, leaderboard_step, speedrun_step
-from marin_assets.pipeline.reports.sweep import lr_model_sweep
-from marin_assets.pipeline.training.isoflop import IsoFlopScale, budget_label
-from marin_assets.pipeline.training.isoflop_sweep import IsoFlopSweep, isoflop_sweep
+from marin_assets.pipeline.sweeps import lr_model_sweep
+from marin_assets.pipeline.training.pretrain.isoflop import IsoFlopScale, budget_label
+from marin_assets.pipeline.training.pretrain.isoflop_sweep import IsoFlopSweep, isoflop_sweep
 
 __all__ = [
     # grids and ladders

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from marin_assets.core.step import Step
 from marin_assets.pipeline.data.preference import preference_data_step
-from marin_assets.pipeline.tokens.preference import preference_tokenize_step
-from marin_assets.pipeline.training.dpo import dpo_step
+from marin_assets.pipeline.tokens.preference_cache import preference_tokenize_step
+from marin_assets.pipeline.training.dpo.step import dpo_step
 from marin_assets.pipeline.training.sources import from_hf
 from marin_assets.pipeline.training.specs import OptimizerSpec, TrainerSpec
 from tests.support.chat import SYSTEM, doc_answers, write_jsonl

@@ -14,7 +14,7 @@ from marin_assets.experiments import tiny_stories
 from marin_assets.pipeline.data.download import url_download_step
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
 from marin_assets.pipeline.reports.experiment_summary import experiment_summary_step
-from marin_assets.pipeline.reports.sweep import lr_model_sweep
+from marin_assets.pipeline.sweeps import lr_model_sweep
 from marin_assets.pipeline.training.specs import OptimizerSpec
 from tests.support.automation_pipeline import SHORT, TINY
 

@@ -5,6 +5,6 @@ project's defs folder (`marin_assets/defs/`); `dg check defs` validates it; `yam
 definitions their `Experiment`s, served beside the Python ones.
 """
 
-from marin_assets.dagster.components.experiment import LanguageModelExperiment, yaml_experiments
+from marin_assets.dagster.components.language_model import LanguageModelExperiment, yaml_experiments
 
 __all__ = ["LanguageModelExperiment", "yaml_experiments"]

@@ -63,7 +63,7 @@ from marin_assets.pipeline.curation.shards import (
     hand_back_memory,
     work_path,
 )
-from marin_assets.pipeline.curation.shingles import CHAR_NGRAMS, KINDS, NORMALIZATION, Shingling
+from marin_assets.pipeline.curation.shingles import CHAR_NGRAMS, NORMALIZATION, UNITS, Shingling
 from marin_assets.pipeline.curation.stage import CurationResult, run_phase
 
 __all__ = ["ALGORITHM", "CHAR_DEFAULTS", "REASON", "SAMPLE", "STAGE", "WORD_DEFAULTS", "FuzzyDedup",
@@ -130,8 +130,8 @@ class FuzzyDedupResult(CurationResult):
 
 def _parameter_problem(shingles: str, ngram: int, num_perm: int, bands: int, threshold: float, buckets: int,
                        window: int) -> str | None:
-    if shingles not in KINDS:
-        return f"shingles must be one of {', '.join(map(repr, KINDS))}, got {shingles!r}"
+    if shingles not in UNITS:
+        return f"shingles must be one of {', '.join(map(repr, UNITS))}, got {shingles!r}"
     low, high = CHAR_NGRAMS
     if shingles == "char" and not low <= ngram <= high:
         return (f"a character n-gram must be {low} to {high} characters, got {ngram} (below {low} every text shares"

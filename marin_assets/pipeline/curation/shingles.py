@@ -22,7 +22,8 @@ import numpy as np
 
 from marin_assets.pipeline.curation.ngrams import combine_ngrams, mix, ngram_hashes
 
-KINDS = ("word", "char")
+UNITS = ("word", "char")
+"""What a shingle counts in: words or characters (`fuzzy_dedup_step(shingles=…)`)."""
 CHAR_NGRAMS = (3, 32)
 """Allowed character n-gram sizes: below 3 almost every text shares almost every n-gram with every other;
 above 32 one typo hides a whole sentence's worth of them."""
@@ -88,7 +89,7 @@ def char_ngram_hashes(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndar
 class Shingling:
     """How a document becomes the set of n-gram hashes that MinHash signs and verification compares."""
 
-    kind: str
+    unit: str
     """`word` (runs of letters and digits, as `ngrams` counts them) or `char` (characters, spaces included)."""
     n: int
     """Units per n-gram."""
@@ -99,8 +100,8 @@ class Shingling:
         """(every n-gram hash of every text, in order; offsets per text)."""
         if self.normalize:
             texts = normalize_punctuation(texts)
-        if self.kind == "word":
+        if self.unit == "word":
             return ngram_hashes(texts, self.n)
-        if self.kind == "char":
+        if self.unit == "char":
             return char_ngram_hashes(texts if self.normalize else [t.lower() for t in texts], self.n)
-        raise ValueError(f"shingles must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        raise ValueError(f"shingles must be one of {', '.join(UNITS)}, got {self.unit!r}")

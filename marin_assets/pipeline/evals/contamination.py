@@ -3,7 +3,7 @@
 A benchmark score means less when the model read the benchmark. Each lm-eval evaluation finds the model's
 training datasets through its lineage (`training.lineage.training_datasets_of`) and measures, per task, the
 share of the scored documents (the prompt and the gold answer, `HarnessTask.examples`) that share an n-gram with
-that text (`curation.overlap`: Marin's train–test overlap, 15 words). The evaluation's record keeps it beside
+that text (`curation.ngram_overlap`: Marin's train–test overlap, 15 words). The evaluation's record keeps it beside
 each score and says in one line whether the scores are clean, contaminated, or of unknown standing — when part
 of the training is not in the graph (weights from a folder, a pretokenized cache) or its text cannot be read.
 """
@@ -15,7 +15,13 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from marin_assets.pipeline.curation.overlap import DEFAULT_NGRAM, EvalExamples, OverlapError, OverlapHit, ngram_overlap
+from marin_assets.pipeline.curation.ngram_overlap import (
+    DEFAULT_NGRAM,
+    EvalExamples,
+    OverlapError,
+    OverlapHit,
+    ngram_overlap,
+)
 from marin_assets.pipeline.data.readers import DatasetError
 from marin_assets.pipeline.evals.harness_tasks import HarnessTask
 from marin_assets.pipeline.training.lineage import Lineage

@@ -1,5 +1,8 @@
 """The loss kind of evaluation: loss and bits per byte of a checkpoint on validation caches, as a final
-step (`evaluate_step`) or on every checkpoint as it lands (`loss_checkpoint_evals`)."""
+step (`loss_eval_step`) or on every checkpoint as it lands (`loss_checkpoint_evals`).
+
+`evaluate_step` is `loss_eval_step`'s name before 0.2.0 (beside the generic `eval_step` it read as the generic
+one): it still works for one release, warning."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from marin_assets.core.files import open_file
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.record_types import record_type
+from marin_assets.core.renames import renamed
 from marin_assets.core.step import Step
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
@@ -23,8 +27,8 @@ from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache
 from marin_assets.pipeline.tokens.tokenizer import model_vocab_size
 from marin_assets.pipeline.training.export import checkpoint_step_of, is_hf_model
-from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainStep
 
 
 @record_type("loss_eval_result")
@@ -167,8 +171,8 @@ class LossEval:
         return {"evaluated_loss": result["loss"], "evaluated_bpb": result.get("bpb")}
 
 
-def evaluate_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int | None = None,
-                  max_eval_batches: int | None = None, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
+def loss_eval_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int | None = None,
+                   max_eval_batches: int | None = None, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
     """Loss and bits per byte of a checkpoint (default: the last) of a training step on each validation cache
     (on `gpu` CUDA GPUs when asked).
 
@@ -176,6 +180,10 @@ def evaluate_step(name: str, train: Step, validation: dict[str, Step], checkpoin
     """
     return eval_step(name, LossEval(validation, max_eval_batches), train, checkpoint_step, gpu=gpu,
                      gpu_type=gpu_type)
+
+
+evaluate_step = renamed(loss_eval_step, "evaluate_step", __name__)
+"""`loss_eval_step`'s name before 0.2.0; goes in 0.3.0."""
 
 
 def loss_checkpoint_evals(name: str, train: TrainStep, validation: Mapping[str, Step],

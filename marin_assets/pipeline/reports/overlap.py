@@ -4,7 +4,7 @@ Rows are evaluation sets — lm-eval tasks (each scored document: the prompt and
 step's output (an `EvalSet`, a validation suite's sets) or the validation split behind a token cache; columns are
 training datasets — usually those of a model's lineage (`training_datasets_of`: the text each of its tokenize
 steps read) — and the union of them all. A cell is the share of the set's examples with at least one 15-word
-n-gram in the dataset (`curation.overlap`). The matrix is a table in the UI, with a few matches per cell (the
+n-gram in the dataset (`curation.ngram_overlap`). The matrix is a table in the UI, with a few matches per cell (the
 example, the shared words, the training file and row); every match is in `hits.jsonl`, the matrix in
 `overlap_matrix.csv`. Training whose text is not in the graph (weights from a folder, a pretokenized cache) is
 listed as not scanned: the union is then a lower bound.
@@ -27,7 +27,7 @@ from marin_assets.core.paths import join_path
 from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.curation.decontaminate import EvalSet
-from marin_assets.pipeline.curation.overlap import (
+from marin_assets.pipeline.curation.ngram_overlap import (
     DEFAULT_NGRAM,
     UNION,
     EvalExamples,

@@ -23,10 +23,10 @@ from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.evals.steps import EvalStep
 from marin_assets.pipeline.reports.experiment_summary import PlotData
-from marin_assets.pipeline.training.run import TrainStep
+from marin_assets.pipeline.training.training_run import TrainStep
 
 if TYPE_CHECKING:
-    from marin_assets.pipeline.training.run import TrainResult
+    from marin_assets.pipeline.training.training_run import TrainResult
 
 TABLE_FILE = "leaderboard.md"
 LOWER_IS_BETTER = ("loss", "bpb", "perplexity")
@@ -208,13 +208,13 @@ def speedrun_step(name: str, train: Step, *, author: Author | str, description: 
     declared = _track_named(where, track, checked)
     strays = [getattr(e, "name", repr(e)) for e in evaluations if not isinstance(e, EvalStep) or e.evaluates != train]
     if strays:
-        raise StepDefinitionError(f"{where}: {strays} are not evaluations of {train.name!r} (eval_step, evaluate_step,"
+        raise StepDefinitionError(f"{where}: {strays} are not evaluations of {train.name!r} (eval_step, loss_eval_step,"
                                   " harness_eval_step on it)")
     evaluated = [e for e in evaluations if isinstance(e, EvalStep)]  # all of them, as checked above
 
     def run(out: str) -> Submission:
         from marin_assets.core.record import load_result, read_record
-        from marin_assets.pipeline.training.run import TrainResult
+        from marin_assets.pipeline.training.training_run import TrainResult
 
         scores = {e.name: e.eval_kind.numbers(read_record(e.output_path).result) for e in evaluated}
         return submission(train.name, load_result(train, TrainResult), who, description, declared, checked, scores)

@@ -142,7 +142,7 @@ def is_preference_metadata(metadata: Mapping[str, Any]) -> bool:
 
 
 def is_preference_cache(cache_dir: str) -> bool:
-    """Whether a cache holds preference pairs (`pipeline/tokens/preference.py`), from its ledger: only DPO reads it."""
+    """Whether a cache holds preference pairs (`tokens/preference_cache.py`), from its ledger: only DPO reads it."""
     return is_preference_metadata(_cache_metadata(cache_dir))
 
 

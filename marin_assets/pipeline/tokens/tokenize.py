@@ -44,7 +44,7 @@ from marin_assets.pipeline.data.text_files import DatasetError, expand_files, fi
 from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
 from marin_assets.pipeline.tokens.cache_writer import CacheCounts, finished_counts, tokenize_files, tokenize_split
 from marin_assets.pipeline.tokens.encoders import BACKENDS, FRAMINGS, Framing, choose_backend, encoder, hf_tokenizer
-from marin_assets.pipeline.tokens.estimates import tokenize_estimate
+from marin_assets.pipeline.tokens.token_estimates import tokenize_estimate
 from marin_assets.pipeline.tokens.tokenizer import largest_token_id
 
 FINGERPRINT_FILE = "tokenizer_fingerprint.json"
@@ -102,7 +102,7 @@ class TokenizedCache:
     assistant_tokens: dict[str, int] = field(default_factory=dict)
     """Per split of a chat cache, how many of its tokens carry loss (the assistant turns)."""
     preference: bool = False
-    """A preference cache (`pipeline/tokens/preference.py`: per row a chosen and a rejected conversation, ids and
+    """A preference cache (`pipeline/tokens/preference_cache.py`: per row a chosen and a rejected conversation, ids and
     assistant masks): only DPO reads it; LM training and SFT refuse it."""
 
 

@@ -34,7 +34,7 @@ class ValidationSuite:
 
     def tokenized(self, tokenizer: Step, workers: int = 1) -> dict[str, TokenizeStep]:
         """One cache per set, its files as the `validation` split, tokenized with `tokenizer` — as
-        components named `{suite}-{set}`, ready for `train_step(validation=…)` or `evaluate_step`."""
+        components named `{suite}-{set}`, ready for `train_step(validation=…)` or `loss_eval_step`."""
         tag = tokenizer.name.rstrip("/").rsplit("/", 1)[-1]
         return {f"{self.name}-{key}": tokenize_step(f"tokenized/{self.name}/{key}-{tag}", self.download, tokenizer,
                                                     splits={"validation": list(globs)}, text_field=self.text_field,
