@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-IMPORTS = ("levanter.main.train_lm", "marin_assets.pipeline.training.pretrain", "marin_assets.core.materialize",
+IMPORTS = ("levanter.main.train_lm", "marin_assets.pipeline.training.pretrain.step", "marin_assets.core.materialize",
            "marin_assets.pipeline.tokens.tokenize")
 """What `gpu_train.py` imports on the GPU machine (the cache and tokenizer travel prebuilt)."""
 

@@ -169,7 +169,7 @@ spec = json.loads(sys.argv[1])
 from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.materialize import materialize_step
 from marin_assets.core.step import Step
-from marin_assets.pipeline.training.pretrain import train_lm
+from marin_assets.pipeline.training.pretrain.step import train_lm
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 model, trainer = ModelSpec(**spec["model"]), TrainerSpec(**spec["trainer"])
 step = Step(name=spec["name"], fn=lambda out: train_lm(out, spec["tokenizer"], {"stories": spec["cache"]},
@@ -217,7 +217,7 @@ def check_same_config(tokenizer: str, cache: str, model: Any, trainer: Any, voca
     import bare_levanter
     from levanter.tokenizers import load_tokenizer
 
-    from marin_assets.pipeline.training.pretrain import LmTraining
+    from marin_assets.pipeline.training.pretrain.step import LmTraining
     from marin_assets.pipeline.training.runner import RunPlaces
     from marin_assets.pipeline.training.specs import OptimizerSpec
 

@@ -8,8 +8,8 @@ import dagster as dg
 from marin_assets import build_definitions, load_result
 from marin_assets.experiments import curated_docs
 from marin_assets.pipeline.curation.planted import load_truth
-from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support.curation import documents
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)

@@ -23,20 +23,21 @@ from marin_assets.core.step import walk
 from marin_assets.pipeline.tokens.chat import DEFAULT_CHAT_TEMPLATE, chat_template_of_cache, is_preference_cache
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache
 from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer
-from marin_assets.pipeline.training.dpo import PREFERENCE_LEARNED, dpo_step
-from marin_assets.pipeline.training.levanter_data import PreferenceCacheError, cache_format
-from marin_assets.pipeline.training.pretrain import TrainDataError, train_step
-from marin_assets.pipeline.training.reference_logprobs import (
+from marin_assets.pipeline.training.dpo.reference_logprobs import (
     ReferenceLogprobs,
     ReferenceLogprobsStep,
     check_preference_cache,
     identity_of,
     reference_logprobs_step,
 )
-from marin_assets.pipeline.training.run import LOSS_FELL, TrainResult
-from marin_assets.pipeline.training.sft import check_chat_components, sft_step
+from marin_assets.pipeline.training.dpo.step import PREFERENCE_LEARNED, dpo_step
+from marin_assets.pipeline.training.levanter_data import PreferenceCacheError, cache_format
+from marin_assets.pipeline.training.pretrain.step import train_step
+from marin_assets.pipeline.training.sft.step import check_chat_components, sft_step
 from marin_assets.pipeline.training.sources import from_checkpoint, from_hf
 from marin_assets.pipeline.training.specs import ModelSpec
+from marin_assets.pipeline.training.train_data import TrainDataError
+from marin_assets.pipeline.training.training_run import LOSS_FELL, TrainResult
 from tests.support.chat import assistant_positions
 from tests.support.dpo import DPO_TRAINER, HELD_OUT_PAIRS, DpoSteps
 from tests.support.helpers import FAST
@@ -59,7 +60,7 @@ def reference_step_of(step) -> ReferenceLogprobsStep:
 
 def test_dpo_learns_the_held_out_preferences_and_records_them_as_curves(built):
     result = built.p.result(built.d.dpo, TrainResult)
-    dpo = result.dpo
+    dpo = result.method_metrics
     steps = DPO_TRAINER.num_train_steps
     assert result.method == "dpo" and dpo.beta == 0.1 and result.initialized_from == built.p.path(built.p.base_export)
     # The cached reference log-probs are the starting policy's own: every first-batch pair is a tie.
@@ -116,7 +117,7 @@ def direct_logprobs(export: str, model: ModelSpec, tokenizer_dir: str, vocab: in
 
 
 def test_two_betas_share_one_reference_step_equal_to_the_models_own_log_probs(built, tmp_path):
-    from marin_assets.pipeline.training.levanter_dpo import read_reference_cache
+    from marin_assets.pipeline.training.dpo.levanter_dpo import read_reference_cache
 
     d, p = built.d, built.p
     shared = reference_step_of(d.dpo)
@@ -159,7 +160,7 @@ def test_the_dpo_run_never_loads_the_reference_model(built, monkeypatch):
     assert not outcome.cached
     assert loaded == [p.path(p.base_export)]  # the policy's starting weights, once; no reference model
     sharper = load_result(outcome.output_path, TrainResult)
-    assert sharper.dpo.beta == 0.5 and sharper.loss_curve[0][1] == pytest.approx(math.log(2), abs=1e-4)
+    assert sharper.method_metrics.beta == 0.5 and sharper.loss_curve[0][1] == pytest.approx(math.log(2), abs=1e-4)
     # One model's parameters in the trainer state (Levanter's own DPO holds policy and reference: twice as many).
     assert sharper.parameter_count == p.result(p.base, TrainResult).parameter_count
 
@@ -229,9 +230,9 @@ def test_dagster_serves_the_run_with_its_preference_curves(built, local_ray, dag
     metadata = events["checkpoints/dpo"].metadata
     for curve in ("validation_accuracy_curve", "validation_margin_curve", "train_accuracy_curve",
                   "train_chosen_reward_curve", "validation_rejected_reward_curve"):
-        assert isinstance(metadata[f"result.dpo.{curve}"], dg.MarkdownMetadataValue), curve  # a plot
-        assert metadata[f"result.dpo.{curve}"].value.startswith("![")
-    assert metadata["result.dpo.final_validation_accuracy"].value > 0.5
+        assert isinstance(metadata[f"result.method_metrics.{curve}"], dg.MarkdownMetadataValue), curve  # a plot
+        assert metadata[f"result.method_metrics.{curve}"].value.startswith("![")
+    assert metadata["result.method_metrics.final_validation_accuracy"].value > 0.5
     assert metadata["result.method"].value == "dpo"
     scored = events["reference-logprobs/checkpoints-dpo--tokenized-prefs"]
     assert scored.metadata["cached"].value is False and os.path.isdir(scored.metadata["output_path"].value)

@@ -20,8 +20,8 @@ from marin_assets.pipeline.evals.perplexity_gap import PerplexityGapEval, TextSe
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
 from marin_assets.pipeline.reports.experiment_summary import experiment_summary_step
 from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer
-from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support.helpers import trained_tiny_stories
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=128)

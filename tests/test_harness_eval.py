@@ -29,8 +29,8 @@ from marin_assets.pipeline.evals.harness_tasks import (
 from marin_assets.pipeline.evals.levanter_harness import harness_model
 from marin_assets.pipeline.evals.loss import loss_checkpoint_evals
 from marin_assets.pipeline.training.export import ExportResult
-from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support.helpers import trained_tiny_stories
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=256)

@@ -36,9 +36,9 @@ from marin_assets.pipeline.tokens.pretokenized import pretokenized_step
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizerMismatchError, tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.training.export import export_step
-from marin_assets.pipeline.training.pretrain import train_step
-from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support import hub_upload_worker
 from tests.support.helpers import FAST, ROOT, output_files, subprocess_env, wait_for
 from tests.support.hub_server import HubRepo, release_hub, serve_hub, use_hub

@@ -97,7 +97,7 @@ def test_the_protocol_and_library_build_hash_plan_and_run_without_dagster_or_ray
                           "heavy": sorted(m for m in ("dagster", "ray", "levanter", "jax") if m in sys.modules)}))
     ''', "dagster,ray,dagster_gcp,dagster_postgres,dagster_webserver", tmp_path)
     assert "marin_assets.core.step" in found["modules"]
-    assert "marin_assets.pipeline.training.pretrain" in found["modules"]
+    assert "marin_assets.pipeline.training.pretrain.step" in found["modules"]
     assert found["heavy"] == []
     assert found["hashes"] == DEMO_IDENTITIES and found["stories"] == STORIES_IDENTITIES
     assert found["demo_python"]  # the demo itself is defined for the running Python's documentation

@@ -10,7 +10,7 @@ import pytest
 from marin_assets import Step, materialize_step
 from marin_assets.core.record import RECORD_FILE, load_result, resolve_type
 from marin_assets.pipeline import MOVED_TYPES
-from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.training_run import TrainResult
 
 
 @pytest.mark.parametrize("old", sorted(MOVED_TYPES))

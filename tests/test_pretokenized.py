@@ -20,7 +20,7 @@ from marin_assets.pipeline.data.corpus import corpus_step
 from marin_assets.pipeline.tokens.pretokenized import pretokenized_step
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep, tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
-from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.pretrain.step import train_step
 from tests.support.helpers import output_files
 
 

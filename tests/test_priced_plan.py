@@ -28,10 +28,10 @@ from marin_assets.pipeline.hello import numbers_step, stats_step
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.training.estimates import lm_training_flops_per_token
-from marin_assets.pipeline.training.isoflop import IsoFlopScale
-from marin_assets.pipeline.training.isoflop_sweep import isoflop_sweep
-from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.pretrain.isoflop import IsoFlopScale
+from marin_assets.pipeline.training.pretrain.isoflop_sweep import isoflop_sweep
 from marin_assets.pipeline.training.specs import ModelSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from resources import StorageResource
 
 VOCAB = 512

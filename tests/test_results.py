@@ -21,8 +21,8 @@ from marin_assets.core.results import StepResultError, from_jsonable
 from marin_assets.core.status import Status
 from marin_assets.core.step import Step
 from marin_assets.core.stores import read_status
-from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import ModelSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support.helpers import FAST
 
 

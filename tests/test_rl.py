@@ -21,21 +21,21 @@ from marin_assets.core.step import walk
 from marin_assets.dagster.instance import write_instance_yaml
 from marin_assets.pipeline.tokens.chat import chat_tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
-from marin_assets.pipeline.training import levanter_rl
 from marin_assets.pipeline.training.export import ExportResult, export_step
-from marin_assets.pipeline.training.pretrain import train_step
-from marin_assets.pipeline.training.rl import PASS_RATE_MEASURED, RlSpec, rl_step
-from marin_assets.pipeline.training.rl_envs import (
+from marin_assets.pipeline.training.pretrain.step import train_step
+from marin_assets.pipeline.training.rl import levanter_rl
+from marin_assets.pipeline.training.rl.envs import (
     Addition,
     Problem,
     SequentialDigits,
     solved,
     worked_examples_step,
 )
-from marin_assets.pipeline.training.rloo import rloo_advantages
-from marin_assets.pipeline.training.run import TrainResult
+from marin_assets.pipeline.training.rl.rloo import rloo_advantages
+from marin_assets.pipeline.training.rl.step import PASS_RATE_MEASURED, RlSpec, rl_step
 from marin_assets.pipeline.training.sources import from_checkpoint
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult
 from tests.support.chat import write_docs_dataset
 
 # --- rewards ------------------------------------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def served(pipeline, trained, local_ray, tmp_path_factory):
 
 def test_rl_raises_the_pass_rate_and_records_it(pipeline, trained):
     result = trained
-    rl = result.rl
+    rl = result.method_metrics
     assert result.method == "rl" and rl is not None and result.steps == RL_TRAINER.num_train_steps
     assert rl.environment == ENV.identity() and rl.held_out_problems == len(ENV.problems("held_out")) == 21
     held = dict((int(s), v) for s, v in rl.held_out_pass_rate_curve)
@@ -265,10 +265,10 @@ def test_dagster_serves_the_run_with_its_curves_and_a_rerun_is_a_cache_hit(pipel
         metadata = events["checkpoints/next-digit-rl"].metadata
         assert metadata["cached"].value is True  # materialized before, in this process: the same identity
         for curve in ("reward_curve", "held_out_pass_rate_curve", "kl_curve", "completion_tokens_curve"):
-            assert metadata[f"result.rl.{curve}"].value.startswith("!["), curve  # a plot
+            assert metadata[f"result.method_metrics.{curve}"].value.startswith("!["), curve  # a plot
         assert metadata["result.method"].value == "rl"
-        assert isinstance(metadata["result.rl.samples"], dg.TableMetadataValue)  # completions with their rewards
-        assert metadata["result.rl.samples.count"].value == len(trained.rl.samples)
+        assert isinstance(metadata["result.method_metrics.samples"], dg.TableMetadataValue)  # completions, rewards
+        assert metadata["result.method_metrics.samples.count"].value == len(trained.method_metrics.samples)
     assert first["exports/next-digit-rl"].metadata["cached"].value is False
     assert again["exports/next-digit-rl"].metadata["cached"].value is True
     exported = load_result(pipeline.export.output_path_under(pipeline.prefix), ExportResult)
@@ -305,10 +305,10 @@ def test_a_killed_run_resumes_to_the_uninterrupted_runs_record_and_weights(pipel
     # Resumed from step 10 with the rollout of iteration 5 as it was sampled before the kill
     assert loaded[0].endswith("iteration-5.npz")
     first = trained
-    assert resumed.rl is not None and first.rl is not None
+    assert resumed.method_metrics is not None and first.method_metrics is not None
     timing = {"sampling_tokens_per_second", "update_tokens_per_second"}
-    assert {k: v for k, v in vars(resumed.rl).items() if k not in timing} == {
-        k: v for k, v in vars(first.rl).items() if k not in timing}
+    assert {k: v for k, v in vars(resumed.method_metrics).items() if k not in timing} == {
+        k: v for k, v in vars(first.method_metrics).items() if k not in timing}
     assert resumed.loss_curve == first.loss_curve and resumed.checkpoint_steps == first.checkpoint_steps
     weights = [Path(r.hf_dir, "model.safetensors").read_bytes() for r in (first, resumed)]
     assert weights[0] == weights[1]

@@ -41,7 +41,7 @@ from marin_assets.pipeline.reports.scaling_laws import (
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.training.cost import FLOPS_FORMULA, RunCost, training_flops_per_token
-from marin_assets.pipeline.training.isoflop import (
+from marin_assets.pipeline.training.pretrain.isoflop import (
     IsoFlopCandidate,
     IsoFlopError,
     IsoFlopScale,
@@ -56,9 +56,9 @@ from marin_assets.pipeline.training.isoflop import (
     model_for,
     num_layers_for,
 )
-from marin_assets.pipeline.training.isoflop_sweep import IsoFlopRecipe, IsoFlopSweep, isoflop_sweep
-from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.pretrain.isoflop_sweep import IsoFlopRecipe, IsoFlopSweep, isoflop_sweep
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec
+from marin_assets.pipeline.training.training_run import TrainResult, TrainStep
 from tests.support.helpers import ROOT, subprocess_env
 
 VOCAB = 512

@@ -32,9 +32,9 @@ from marin_assets.pipeline.reports.speedrun import (
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step
 from marin_assets.pipeline.training.cost import FLOPS_FORMULA, RunCost, training_flops_per_token
-from marin_assets.pipeline.training.pretrain import train_step
-from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult, TrainStep
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
 TRACKS_HERE = (Track("tiny", 3e9), Track("small", 6e9))

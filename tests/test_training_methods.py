@@ -12,13 +12,13 @@ import pytest
 from marin_assets.core.paths import using_prefix
 from marin_assets.core.record import load_result
 from marin_assets.pipeline.training.checkpoints import checkpoint_steps, run_dir_of
-from marin_assets.pipeline.training.rl import RlSpec, rl_step
-from marin_assets.pipeline.training.rl_envs import SequentialDigits
-from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.rl.envs import SequentialDigits
+from marin_assets.pipeline.training.rl.step import RlSpec, rl_step
 from marin_assets.pipeline.training.runner import ATTEMPTS_FILE, METRICS_FILE, run_training
-from marin_assets.pipeline.training.sft import SftTraining
+from marin_assets.pipeline.training.sft.step import SftTraining
 from marin_assets.pipeline.training.sources import TrainSourceError, from_checkpoint
 from marin_assets.pipeline.training.specs import TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainResult, TrainStep
 from tests.support.dpo import DpoSteps
 from tests.test_sft import Pipeline
 

@@ -17,7 +17,7 @@ from marin_assets.dagster.plots import INLINE_LIMIT, MAX_POINTS, line_plot_markd
 from marin_assets.pipeline.data.download import FILES_MATCH_RECORD, download_urls
 from marin_assets.pipeline.evals.loss import EvalResult, every_set_evaluated
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
-from marin_assets.pipeline.training.run import LOSS_FELL
+from marin_assets.pipeline.training.training_run import LOSS_FELL
 from resources import StorageResource
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from marin_assets.core.files import atomic_write, read_bytes
 from marin_assets.core.paths import join_path
-from marin_assets.core.record_types import RecordTypeError, registered_type
+from marin_assets.core.record_types import RecordTypeError, declared_type, registered_type
 from marin_assets.core.results import from_jsonable, type_label
 from marin_assets.core.status import Status, StatusRecord
 from marin_assets.core.stores import read_status
@@ -124,11 +124,15 @@ def read_record(output_path: str, status: StatusRecord | None = None) -> Artifac
 
 def resolve_type(name: str) -> Any:
     """The type a record names: a declared storage name (`train_result`, `core/record_types.py`), or the
-    `module:qualname` that records made before storage names hold. A path whose module is gone (or no longer
-    holds the type) is looked up among the types' declared old names, then in the `MOVED_TYPES` table
+    `module:qualname` that records made before storage names hold. A path an imported type declared as its old
+    name is that type; else the path is imported, and if its module is gone (or no longer holds the type) it is
+    looked up among all the types' declared old names, then in the `MOVED_TYPES` table
     (`{old name: new name}`) of a package above its old module, so records written before a move still load."""
     if ":" not in name:
         return registered_type(name)
+    declared = declared_type(name)  # where a type already imported lived before it moved: no import needed
+    if declared is not None:
+        return declared
     module, _, qualname = name.partition(":")
     try:
         obj: Any = importlib.import_module(module)

@@ -86,6 +86,11 @@ def storage_name(tp: type) -> str | None:
     return _names.get(tp)
 
 
+def declared_type(name: str) -> type | None:
+    """The type declared under `name` (current or old) among those imported so far; None if none is (no import)."""
+    return _types.get(name)
+
+
 def registered_type(name: str) -> type:
     """The type declared under `name` (current or old), importing `REGISTERING_MODULES` once on a miss."""
     global _imported

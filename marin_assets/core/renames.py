@@ -3,7 +3,9 @@
 A module that moved leaves a two-line file at its old path calling `moved_module(__name__, "new.path")`: the old
 path then *is* the new module (the same object, so patches and `isinstance` agree), and importing it warns once per
 process. A function or class that was renamed is kept as `old = renamed(new, "old", "where.it.lives")`: calling it
-warns, then calls the new one. Both warnings are `DeprecationWarning`s naming the release that removes the old name.
+warns, then calls the new one. A module that became a folder of the same name sets its folder's `__getattr__ =
+moved_names(__name__, "folder.module")`: the names it held still import from the folder, warning. Every warning is a
+`DeprecationWarning` naming the new place and the release that removes the old name.
 """
 
 from __future__ import annotations
@@ -40,3 +42,24 @@ def renamed(new: F, old_name: str, where: str) -> F:
 
     old.__name__ = old.__qualname__ = old_name
     return old  # type: ignore[return-value]
+
+
+def moved_names(package: str, new: str) -> Callable[[str], Any]:
+    """A module `__getattr__` for `package`, a module that became a folder: a name that the old module defined
+    is found in `new` (the module that now holds it), with a warning naming it there. Submodules of the folder
+    and names `new` lacks are not forwarded, so they import, or fail, as usual."""
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = getattr(importlib.import_module(new), name, _MISSING)
+        if value is _MISSING or name == new.rpartition(".")[2]:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        warnings.warn(f"{package}.{name} moved to {new}.{name}; the old path goes in marin-assets {REMOVED_IN}",
+                      DeprecationWarning, stacklevel=2)
+        return value
+
+    return __getattr__
+
+
+_MISSING = object()

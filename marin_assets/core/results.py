@@ -252,6 +252,7 @@ def _from_sequence(data: Any, container: type, args: tuple[Any, ...], where: str
 def _from_dataclass(data: Any, tp: type, where: str) -> Any:
     """Fields the class has and the record lacks take their defaults; unknown fields are an error."""
     _expect(data, dict, f"a {tp.__qualname__} record (an object)", where)
+    data = _renamed_fields(data, tp)
     fields = dataclasses.fields(tp)
     unknown = sorted(set(data) - {f.name for f in fields})
     if unknown:
@@ -270,6 +271,21 @@ def _from_dataclass(data: Any, tp: type, where: str) -> Any:
         return tp(**kwargs)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {tp.__qualname__} refused the recorded values: {e}") from None
+
+
+def _renamed_fields(data: dict[str, Any], tp: type) -> dict[str, Any]:
+    """A record made before a field was renamed: `tp.__renamed_fields__` maps old names to new; an old field's
+    value fills the new one (a None never hides one given under another old name)."""
+    renamed: dict[str, str] = getattr(tp, "__renamed_fields__", {})
+    if not renamed or not set(renamed) & set(data):
+        return data
+    data = dict(data)
+    for old, new in renamed.items():
+        if old in data:
+            value = data.pop(old)
+            if value is not None or new not in data:
+                data[new] = value
+    return data
 
 
 def _from_pydantic(data: Any, tp: Any, where: str) -> Any:

@@ -130,13 +130,13 @@ MOVED_TYPES: dict[str, str] = {
     "marin_assets.pipeline.train:InitWeights":
         "marin_assets.pipeline.training.sources:InitWeights",
     "marin_assets.pipeline.train:TrainDataError":
-        "marin_assets.pipeline.training.pretrain:TrainDataError",
+        "marin_assets.pipeline.training.train_data:TrainDataError",
     "marin_assets.pipeline.train:TrainResult":
-        "marin_assets.pipeline.training.run:TrainResult",
+        "marin_assets.pipeline.training.training_run:TrainResult",
     "marin_assets.pipeline.train:TrainSourceError":
         "marin_assets.pipeline.training.sources:TrainSourceError",
     "marin_assets.pipeline.train:TrainStep":
-        "marin_assets.pipeline.training.run:TrainStep",
+        "marin_assets.pipeline.training.training_run:TrainStep",
     "marin_assets.pipeline.validation_suite:ValidationSuite":
         "marin_assets.pipeline.tokens.validation_suite:ValidationSuite",
 }

@@ -49,7 +49,8 @@ def dagster_dev_page(definitions, env: dict, log_path):
                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until_serving(f"{base}/server_info", server, log_path, 120, "dagster dev")
+        # Starting imports every wing in three processes: over two minutes was seen on a loaded 2-core machine.
+        wait_until_serving(f"{base}/server_info", server, log_path, 300, "dagster dev")
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=ARGS)
             page = browser.new_page(viewport={"width": 1800, "height": 1100})

@@ -35,7 +35,7 @@ def gcs_emulator(log_path: Path):
                                  "-backend", "memory", "-log-level", "warn"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_serving(f"{url}/storage/v1/b", proc, log_path, 20, "fake-gcs-server")
+        wait_until_serving(f"{url}/storage/v1/b", proc, log_path, 120, "fake-gcs-server")
         yield url
     finally:
         proc.terminate()

@@ -18,7 +18,7 @@ from marin_assets.pipeline.data.text_files import expand_files, iter_documents
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from marin_assets.pipeline.tokens.tokenizer import bpe_tokenizer_step, existing_tokenizer_step
 from marin_assets.pipeline.training.export import export_step
-from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from tests.support.real_tokenizers import sentencepiece_folder
 

@@ -8,7 +8,7 @@ import time
 from functools import partial
 
 from marin_assets import Step, build_definitions
-from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.specs import OptimizerSpec
 from tests.support import automation_pipeline as auto
 

@@ -38,7 +38,7 @@ def moto_s3_server(log_path: Path):
                                 stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_serving(f"{url}/moto-api/", proc, log_path, 30, "moto_server")
+        wait_until_serving(f"{url}/moto-api/", proc, log_path, 120, "moto_server")
         yield url
     finally:
         proc.terminate()

@@ -14,7 +14,7 @@ import dagster as dg
 from marin_assets import build_definitions, materialize_step
 from marin_assets.dagster import checkpoint_evals_asset, checkpoint_sensor
 from marin_assets.pipeline.evals.loss import loss_checkpoint_evals
-from marin_assets.pipeline.training.pretrain import train_step
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.specs import OptimizerSpec
 from resources import StorageResource
 from tests.support import automation_pipeline as auto

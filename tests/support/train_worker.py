@@ -4,7 +4,7 @@
 
 import sys
 
-from marin_assets.pipeline.training.pretrain import train_lm
+from marin_assets.pipeline.training.pretrain.step import train_lm
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 
 out, tokenizer, cache = sys.argv[1:4]

@@ -43,8 +43,8 @@ from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_st
 from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.training.export import checkpoint_step_of
 from marin_assets.pipeline.training.lineage import Lineage, training_datasets_of
-from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.specs import ModelSpec
+from marin_assets.pipeline.training.training_run import TrainStep
 
 BOOTSTRAP_ITERS = 1000
 """Bootstrap resamples for the stderr of metrics without a closed form (perplexity); acc's is closed form."""

@@ -36,8 +36,8 @@ from marin_assets.pipeline.evals.token_scores import checkpoint_tokenizer, token
 from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep, tokenizer_fingerprint
 from marin_assets.pipeline.training.export import checkpoint_step_of
-from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.specs import ModelSpec
+from marin_assets.pipeline.training.training_run import TrainStep
 
 TABLE_FILE = "log_probs.parquet"
 HTML_FILE = "log_probs.html"

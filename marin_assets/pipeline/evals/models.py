@@ -17,7 +17,7 @@ from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.training.export import ExportResult, ExportStep
 from marin_assets.pipeline.training.hf_to_levanter import HfToLevanterStep
-from marin_assets.pipeline.training.run import TrainStep
+from marin_assets.pipeline.training.training_run import TrainStep
 
 HUB_MODEL_KIND = "model"
 """The kind of `hf_model_step`: a Hugging Face model folder whose record (`HfModel`) says what reading it needs."""

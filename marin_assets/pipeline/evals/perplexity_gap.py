@@ -44,7 +44,7 @@ from marin_assets.pipeline.evals.token_scores import (
 )
 from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.tokens.validation_suite import ValidationSuite
-from marin_assets.pipeline.training.run import TrainStep
+from marin_assets.pipeline.training.training_run import TrainStep
 
 LOG2E = float(np.log2(np.e))
 REPORT_FILE = "report.md"

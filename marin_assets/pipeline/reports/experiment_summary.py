@@ -27,7 +27,7 @@ from marin_assets.core.step import Step, StepDefinitionError, made_by
 from marin_assets.pipeline.reports.run_costs import run_cost_row
 
 if TYPE_CHECKING:
-    from marin_assets.pipeline.training.run import TrainResult
+    from marin_assets.pipeline.training.training_run import TrainResult
 
 TABLE_FILE = "summary.md"
 LEARNING_RATE = "optimizer.learning_rate"
@@ -195,7 +195,7 @@ def experiment_summary_step(name: str, steps: Sequence[Step]) -> Step:
     Identity: the names of the training and evaluation steps among `steps` (and those steps).
     """
     from marin_assets.pipeline.evals.steps import EvalStep
-    from marin_assets.pipeline.training.run import TrainStep
+    from marin_assets.pipeline.training.training_run import TrainStep
 
     trains = [s for s in steps if isinstance(s, TrainStep)]
     if not trains:
@@ -207,7 +207,7 @@ def experiment_summary_step(name: str, steps: Sequence[Step]) -> Step:
 
     def run(out: str) -> ExperimentSummary:
         from marin_assets.core.record import load_result, read_record
-        from marin_assets.pipeline.training.run import TrainResult
+        from marin_assets.pipeline.training.training_run import TrainResult
 
         columns = {s.name: s.eval_kind.summary_columns(read_record(s.output_path).result) for s in eval_steps}
         return experiment_summary(out, {s.name: (attrs[s.name], load_result(s, TrainResult)) for s in trains},

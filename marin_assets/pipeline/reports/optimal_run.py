@@ -28,8 +28,8 @@ from marin_assets.pipeline.reports.scaling_analysis import (
     recorded_metrics,
     run_metric,
 )
-from marin_assets.pipeline.training.isoflop import budget_label
-from marin_assets.pipeline.training.run import LOSS_FELL, TrainResult
+from marin_assets.pipeline.training.pretrain.isoflop import budget_label
+from marin_assets.pipeline.training.training_run import LOSS_FELL, TrainResult
 
 
 class OptimalRunError(ValueError):

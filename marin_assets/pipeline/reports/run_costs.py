@@ -17,7 +17,7 @@ from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError, made_by
 
 if TYPE_CHECKING:
-    from marin_assets.pipeline.training.run import TrainResult
+    from marin_assets.pipeline.training.training_run import TrainResult
 
 
 TABLE_FILE = "run_costs.md"
@@ -127,7 +127,7 @@ def run_costs_step(name: str, runs: Sequence[Step]) -> Step:
 
     Identity: the names of the training steps among `runs` (and those steps).
     """
-    from marin_assets.pipeline.training.run import TrainStep
+    from marin_assets.pipeline.training.training_run import TrainStep
 
     trains = [s for s in runs if isinstance(s, TrainStep)]
     if not trains:
@@ -136,7 +136,7 @@ def run_costs_step(name: str, runs: Sequence[Step]) -> Step:
 
     def run(out: str) -> RunCostTable:
         from marin_assets.core.record import load_result
-        from marin_assets.pipeline.training.run import TrainResult
+        from marin_assets.pipeline.training.training_run import TrainResult
 
         return run_cost_table(out, {s.name: load_result(s, TrainResult) for s in trains})
 

@@ -33,7 +33,7 @@ from marin_assets.pipeline.reports.scaling_laws import (
     ScalingRun,
     fit_scaling_laws,
 )
-from marin_assets.pipeline.training.isoflop import (
+from marin_assets.pipeline.training.pretrain.isoflop import (
     IsoFlopCandidate,
     IsoFlopScale,
     RejectedCandidate,
@@ -42,10 +42,10 @@ from marin_assets.pipeline.training.isoflop import (
     llama_parameters,
     model_for,
 )
-from marin_assets.pipeline.training.isoflop_sweep import IsoFlopSweep
+from marin_assets.pipeline.training.pretrain.isoflop_sweep import IsoFlopSweep
 
 if TYPE_CHECKING:
-    from marin_assets.pipeline.training.run import TrainResult
+    from marin_assets.pipeline.training.training_run import TrainResult
 
 TABLE_FILE = "scaling_laws.md"
 METRICS = "eval/loss, eval/bpb, train/loss or eval/<validation set>/loss"
@@ -349,7 +349,7 @@ def scaling_run(step_name: str, run: Step, budget: float, metric: str,
     """A run as the fit sees it (and its recorded FLOPs), from its training record; `ScalingAnalysisError` naming
     the analysis step and the run when the record lacks the metric, its size, or (in a sweep) misses its budget."""
     from marin_assets.core.record import load_result
-    from marin_assets.pipeline.training.run import TrainResult
+    from marin_assets.pipeline.training.training_run import TrainResult
 
     result = load_result(run, TrainResult)
     where = f"step {step_name!r}: run {run.name!r}"

@@ -28,8 +28,8 @@ from marin_assets.pipeline.training.hf_model import (
     model_spec_of,
     safetensors_summary,
 )
-from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.specs import ModelSpec
+from marin_assets.pipeline.training.training_run import TrainStep
 
 CHECKPOINT_DIR = "step-0"
 """The checkpoint under the step's output: a run's checkpoints are `step-N` folders too."""
@@ -79,7 +79,7 @@ def convert_hf_to_levanter(output_path: str, hf_folder: str, model: ModelSpec | 
 
     `model`: the `ModelSpec` to build (None: the one `config.json` describes); it must fit the config.
     `dtype`: `float32`, `bfloat16` or `float16` to convert the weights to; None keeps their own."""
-    from marin_assets.pipeline.training.sources import read_hf_config  # sources reads this module's types
+    from marin_assets.pipeline.training.hf_folder import read_hf_config
 
     config = read_hf_config(hf_folder)
     spec = model or model_spec_of(config)

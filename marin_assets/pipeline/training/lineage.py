@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from marin_assets.core.step import Step, walk
-from marin_assets.pipeline.curation.overlap import TrainText
+from marin_assets.pipeline.curation.ngram_overlap import TrainText
 from marin_assets.pipeline.data.readers import DatasetError
 from marin_assets.pipeline.data.text_files import expand_files
-from marin_assets.pipeline.tokens.preference import FORMAT as PREFERENCE_FORMAT
+from marin_assets.pipeline.tokens.preference_cache import FORMAT as PREFERENCE_FORMAT
 from marin_assets.pipeline.tokens.tokenize import TokenizeStep, splits_to_read
-from marin_assets.pipeline.training.run import TrainStep
 from marin_assets.pipeline.training.sources import InitFrom
+from marin_assets.pipeline.training.training_run import TrainStep
 
 TRAIN_SPLIT = "train"
 """The cache split a training run reads (Levanter's mixture: `train`; `validation` is for evaluation)."""
@@ -56,7 +56,7 @@ class DatasetText:
 
     @property
     def reader(self) -> str:
-        """`text` (a text field) or `conversations` (chat or preference turns): `curation.overlap.READERS`."""
+        """`text` (a text field) or `conversations` (chat or preference turns): `curation.ngram_overlap.READERS`."""
         return READERS[self.cache_format]
 
     @property
@@ -85,7 +85,7 @@ class DatasetText:
             raise DatasetError(f"dataset {self.name!r} (step {self.step.name_with_hash}): {e}") from None
 
     def text(self) -> TrainText:
-        """As `curation.overlap` reads it (run time: its files resolved)."""
+        """As `curation.ngram_overlap` reads it (run time: its files resolved)."""
         return TrainText(self.name, tuple(self.files()), self.reader, self.text_field, self.text_format)
 
 

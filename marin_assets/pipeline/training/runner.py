@@ -22,12 +22,12 @@ from marin_assets.core.files import atomic_write
 from marin_assets.core.paths import join_path
 from marin_assets.core.step import Resources
 from marin_assets.pipeline.training.checkpoints import checkpoint_steps, run_dir_of
-from marin_assets.pipeline.training.run import TrainResult
 from marin_assets.pipeline.training.specs import (
     ModelSpec,
     TrainerSpec,
 )
 from marin_assets.pipeline.training.tracking import TENSORBOARD_DIR, WANDB_DIR, Tracking, TrackingResult
+from marin_assets.pipeline.training.training_run import TrainResult
 
 METRICS_FILE = "metrics.jsonl"
 

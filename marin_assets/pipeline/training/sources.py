@@ -6,27 +6,20 @@ source enters the step's identity; shapes are checked.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-
 from marin_assets.core.record import RecordNotAvailableError, load_result
 from marin_assets.core.step import Step, StepDefinitionError
+from marin_assets.pipeline.tokens.tokenize import TokenizedCache, tokenizer_fingerprint
+from marin_assets.pipeline.training.export import ExportStep
+from marin_assets.pipeline.training.hf_folder import TrainSourceError, hf_fingerprint, read_hf_config
 from marin_assets.pipeline.training.hf_to_levanter import HfToLevanterStep, LevanterCheckpoint
-from marin_assets.pipeline.training.run import TrainResult, TrainStep
 from marin_assets.pipeline.training.specs import (
     ModelSpec,
 )
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".h5", ".msgpack")
-
-
-class TrainSourceError(ValueError):
-    """The weights a run should start from are missing, or do not fit its model or tokenizer."""
+from marin_assets.pipeline.training.training_run import TrainResult, TrainStep
 
 
 @dataclass(frozen=True)
@@ -39,37 +32,6 @@ class InitWeights:
     """Rows of its embedding: the continued model keeps them (the tokenizer's ids must fit)."""
     model: ModelSpec | None = None
     """The model a Levanter checkpoint holds (needed to read it); None for a Hugging Face folder."""
-
-
-def read_hf_config(folder: str) -> dict[str, Any]:
-    """The `config.json` of a Hugging Face model folder (local or URL); `TrainSourceError` if there is none."""
-    fs, path = fsspec.core.url_to_fs(folder)
-    try:
-        config: dict[str, Any] = json.loads(fs.cat_file(f"{path.rstrip('/')}/config.json"))
-    except FileNotFoundError:
-        raise TrainSourceError(f"{folder} is not a Hugging Face model folder: it has no config.json") from None
-    return config
-
-
-def hf_fingerprint(folder: str) -> str:
-    """16 hex of sha256 over a Hugging Face model folder's `config.json`, its weight index (if sharded), and
-    each weight file's name, size and version — the store's content checksum where it keeps one (GCS md5
-    or crc32c, S3 ETag), else its modification time. Cheap at definition time: no weight is read."""
-    fs, path = fsspec.core.url_to_fs(folder)
-    path = path.rstrip("/")
-    digest = hashlib.sha256(json.dumps(read_hf_config(folder), sort_keys=True).encode())
-    weights = 0
-    for info in sorted(fs.ls(path, detail=True), key=lambda i: i["name"]):
-        name = info["name"].rstrip("/").rsplit("/", 1)[-1]
-        if name.endswith(".index.json"):
-            digest.update(name.encode() + b"\0" + fs.cat_file(info["name"]))
-        elif name.endswith(WEIGHT_SUFFIXES):
-            weights += 1
-            version = next((str(info[k]) for k in ("md5Hash", "crc32c", "ETag", "etag", "mtime") if info.get(k)), "")
-            digest.update(f"{name}\0{info.get('size')}\0{version}\0".encode())
-    if not weights:
-        raise TrainSourceError(f"{folder} has a config.json but no weights (*.safetensors, pytorch_model*.bin)")
-    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -182,3 +144,52 @@ def _converted_model(step: HfToLevanterStep) -> ModelSpec | None:
         return load_result(step, LevanterCheckpoint).model
     except RecordNotAvailableError:
         return None
+
+
+def source_model(init_from: InitFrom) -> ModelSpec | None:
+    """The model the starting weights belong to, where the graph says: a training step's, or that of the
+    training step an export step exports."""
+    source = init_from.source
+    if isinstance(source, TrainStep):
+        return source.model
+    if isinstance(source, ExportStep) and isinstance(source.exports, TrainStep):
+        return source.exports.model
+    if isinstance(source, HfToLevanterStep):
+        return source.model
+    return None
+
+
+def model_of(who: str, model: ModelSpec | None, init_from: InitFrom, *, check_config: bool = False) -> ModelSpec:
+    """The model a run from `init_from` trains or scores: `model`, else the source's (`source_model`); with
+    `check_config`, checked against the source folder's config. A `StepDefinitionError` naming `who` otherwise."""
+    model = model or source_model(init_from)
+    if model is None:
+        raise StepDefinitionError(f"{who}: give model= (the ModelSpec of the weights in {init_from.describe()});"
+                                  " only a training, export or conversion step's model is known")
+    if check_config:
+        mismatch = source_mismatches(model, init_from,
+                                     read_hf_config(init_from.folder) if init_from.folder else None)
+        if mismatch:
+            raise StepDefinitionError(f"{who}: {mismatch}")
+    return model
+
+
+def check_source_tokenizer(what: str, source: InitFrom, cache: TokenizedCache) -> None:
+    """Weights from another training step were trained on the tokenizer the preference cache was made with."""
+    if not isinstance(source.source, TrainStep):
+        return
+    trained = load_result(source.source, TrainResult)
+    theirs = tokenizer_fingerprint(trained.model_and_tokenizer()[1])
+    if theirs != cache.tokenizer_fingerprint:
+        raise TrainSourceError(f"{what}: {source.describe()} was trained on tokenizer {trained.tokenizer} (fingerprint"
+                               f" {theirs}), but the preference cache was tokenized with {cache.tokenizer} (fingerprint"
+                               f" {cache.tokenizer_fingerprint})")
+
+
+def resolve_weights(what: str, source: InitFrom, model: ModelSpec) -> InitWeights:
+    """The place and vocabulary of `source`'s weights, which must fit `model` (`TrainSourceError` naming `what`)."""
+    weights = source.resolve()
+    mismatch = source_mismatches(model, source, read_hf_config(weights.path) if weights.model is None else None)
+    if mismatch:
+        raise TrainSourceError(f"{what}: {mismatch}")
+    return weights

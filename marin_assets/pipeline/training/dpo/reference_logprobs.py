@@ -29,19 +29,17 @@ from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
-from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep, tokenizer_fingerprint
-from marin_assets.pipeline.training.pretrain import TrainDataError
-from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep
 from marin_assets.pipeline.training.runner import platform_for
-from marin_assets.pipeline.training.sft import model_of
 from marin_assets.pipeline.training.sources import (
     InitFrom,
     InitWeights,
-    TrainSourceError,
-    read_hf_config,
-    source_mismatches,
+    check_source_tokenizer,
+    model_of,
+    resolve_weights,
 )
 from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
+from marin_assets.pipeline.training.train_data import TrainDataError
 
 FORMAT = "levanter-dpo-reference-logprobs-v1"
 """Enters identity: the layout written (Levanter's reference eval cache, one per split) and how values are made."""
@@ -65,7 +63,8 @@ class SplitLogprobs:
     """Fraction of pairs whose chosen answer the reference finds likelier than the rejected one."""
 
 
-@record_type("reference_logprobs")
+@record_type("reference_logprobs",
+             old_names=("marin_assets.pipeline.training.reference_logprobs:ReferenceLogprobs",))
 @dataclass(frozen=True)
 class ReferenceLogprobs:
     """Per-pair reference log-probs of a preference cache, one cache per split, and what they say."""
@@ -101,7 +100,7 @@ def check_pairs_fit(what: str, cache: TokenizedCache, seq_len: int) -> None:
     the cache otherwise): Levanter's preference format refuses to cut a side, deep in its data loader."""
     from marin_assets.pipeline.tokens.chat import DEFAULT_CHAT_TEMPLATE
     from marin_assets.pipeline.tokens.encoders import hf_tokenizer
-    from marin_assets.pipeline.tokens.preference import longest_side, preference_exemplar
+    from marin_assets.pipeline.tokens.preference_cache import longest_side, preference_exemplar
 
     for split, stats in cache.splits.items():
         longest = stats.max_tokens
@@ -122,27 +121,6 @@ def check_preference_cache(what: str, cache: TokenizedCache) -> None:
     if not (cache.preference or is_preference_cache(cache.path)):
         raise TrainDataError(f"{what}: {cache.path} is not a preference cache (chosen/rejected pairs made by"
                              " preference_tokenize_step), so it has no pairs to compare")
-
-
-def check_source_tokenizer(what: str, source: InitFrom, cache: TokenizedCache) -> None:
-    """Weights from another training step were trained on the tokenizer the preference cache was made with."""
-    if not isinstance(source.source, TrainStep):
-        return
-    trained = load_result(source.source, TrainResult)
-    theirs = tokenizer_fingerprint(trained.model_and_tokenizer()[1])
-    if theirs != cache.tokenizer_fingerprint:
-        raise TrainSourceError(f"{what}: {source.describe()} was trained on tokenizer {trained.tokenizer} (fingerprint"
-                               f" {theirs}), but the preference cache was tokenized with {cache.tokenizer} (fingerprint"
-                               f" {cache.tokenizer_fingerprint})")
-
-
-def resolve_weights(what: str, source: InitFrom, model: ModelSpec) -> InitWeights:
-    """The place and vocabulary of `source`'s weights, which must fit `model` (`TrainSourceError` naming `what`)."""
-    weights = source.resolve()
-    mismatch = source_mismatches(model, source, read_hf_config(weights.path) if weights.model is None else None)
-    if mismatch:
-        raise TrainSourceError(f"{what}: {mismatch}")
-    return weights
 
 
 def reference_logprobs(output_path: str, weights: InitWeights, model: ModelSpec, cache: TokenizedCache,
@@ -186,14 +164,14 @@ def _score_splits(output_path: str, weights: InitWeights, model: ModelSpec, cach
     from haliax.partitioning import round_axis_for_partitioning
     from levanter.main.model_init import load_model_from_source, prepare_model_init_context
 
-    from marin_assets.pipeline.training.levanter_data import preference_data_config
-    from marin_assets.pipeline.training.levanter_dpo import (
+    from marin_assets.pipeline.training.dpo.levanter_dpo import (
         eval_loader,
         pair_logprob_fn,
         pair_logprobs,
         preference_dataset,
         write_reference_cache,
     )
+    from marin_assets.pipeline.training.levanter_data import preference_data_config
     from marin_assets.pipeline.training.levanter_model import model_config, write_reference_config
     from marin_assets.pipeline.training.levanter_trainer import JsonlMetrics, restored_root_logging, trainer_config
 

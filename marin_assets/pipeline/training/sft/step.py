@@ -20,19 +20,12 @@ from typing import Any
 from marin_assets.core.record import load_result
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep
-from marin_assets.pipeline.training.export import ExportStep
-from marin_assets.pipeline.training.hf_to_levanter import HfToLevanterStep
-from marin_assets.pipeline.training.pretrain import (
-    LmTraining,
-    TrainDataError,
-    Weights,
-    refuse_preference_caches,
-    train_step,
-)
-from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.pretrain.step import LmTraining, train_step
 from marin_assets.pipeline.training.runner import RunPlaces
-from marin_assets.pipeline.training.sources import InitFrom, TrainSourceError, read_hf_config, source_mismatches
+from marin_assets.pipeline.training.sources import InitFrom, TrainSourceError, model_of
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TokenBudget, TrainerSpec
+from marin_assets.pipeline.training.train_data import TrainDataError, Weights, refuse_preference_caches
+from marin_assets.pipeline.training.training_run import TrainResult, TrainStep
 
 SFT_OPTIMIZER = OptimizerSpec(learning_rate=1e-3, weight_decay=0.0, warmup=0.03, lr_schedule="linear",
                               min_lr_ratio=0.0)
@@ -57,34 +50,6 @@ def is_chat_step(step: Step) -> bool | None:
     """Whether a step's output is a chat cache: known at definition time for the steps that make one (a
     `TokenizeStep` says), None where only its record tells, at run time."""
     return step.chat if isinstance(step, TokenizeStep) else None
-
-
-def source_model(init_from: InitFrom) -> ModelSpec | None:
-    """The model the starting weights belong to, where the graph says: a training step's, or that of the
-    training step an export step exports."""
-    source = init_from.source
-    if isinstance(source, TrainStep):
-        return source.model
-    if isinstance(source, ExportStep) and isinstance(source.exports, TrainStep):
-        return source.exports.model
-    if isinstance(source, HfToLevanterStep):
-        return source.model
-    return None
-
-
-def model_of(who: str, model: ModelSpec | None, init_from: InitFrom, *, check_config: bool = False) -> ModelSpec:
-    """The model a run from `init_from` trains or scores: `model`, else the source's (`source_model`); with
-    `check_config`, checked against the source folder's config. A `StepDefinitionError` naming `who` otherwise."""
-    model = model or source_model(init_from)
-    if model is None:
-        raise StepDefinitionError(f"{who}: give model= (the ModelSpec of the weights in {init_from.describe()});"
-                                  " only a training, export or conversion step's model is known")
-    if check_config:
-        mismatch = source_mismatches(model, init_from,
-                                     read_hf_config(init_from.folder) if init_from.folder else None)
-        if mismatch:
-            raise StepDefinitionError(f"{who}: {mismatch}")
-    return model
 
 
 def check_chat_components(step_name: str, caches: Mapping[str, TokenizedCache]) -> None:

@@ -34,8 +34,8 @@ import fsspec
 import numpy as np
 
 from marin_assets.core.paths import join_path
-from marin_assets.pipeline.training.rl_envs import Environment, Problem
-from marin_assets.pipeline.training.rloo import rloo_advantages
+from marin_assets.pipeline.training.rl.envs import Environment, Problem
+from marin_assets.pipeline.training.rl.rloo import rloo_advantages
 
 logger = logging.getLogger(__name__)
 

@@ -199,7 +199,7 @@ def check_environment(who: str, env: Any) -> None:
 
 # --- worked examples: the same problems as chat data, for SFT before RL ------------------------------------------
 
-@record_type("rl_worked_examples")
+@record_type("rl_worked_examples", old_names=("marin_assets.pipeline.training.rl_envs:WorkedExamples",))
 @dataclass(frozen=True)
 class WorkedExamples:
     """Chat conversations of an environment's problems with their reference answers, one file per split."""

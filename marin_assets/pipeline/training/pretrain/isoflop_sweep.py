@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marin_assets.core.step import Step, StepDefinitionError
-from marin_assets.pipeline.training.isoflop import (
+from marin_assets.pipeline.training.pretrain.isoflop import (
     IsoFlopCandidate,
     IsoFlopError,
     IsoFlopLadder,
@@ -25,9 +25,9 @@ from marin_assets.pipeline.training.isoflop import (
     budget_label,
     isoflop_ladder,
 )
-from marin_assets.pipeline.training.pretrain import train_step
-from marin_assets.pipeline.training.run import TrainStep
+from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.specs import OptimizerSpec, SpecError, TrainerSpec
+from marin_assets.pipeline.training.training_run import TrainStep
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,12 @@ from marin_assets.pipeline.tokens.tokenize import TokenizedCache
 from marin_assets.pipeline.tokens.tokenizer import largest_token_id, load_hf_tokenizer
 from marin_assets.pipeline.training.estimates import training_estimate
 from marin_assets.pipeline.training.export import ExportStep
-from marin_assets.pipeline.training.reference_logprobs import resolve_weights
-from marin_assets.pipeline.training.rl_envs import Environment, check_environment
-from marin_assets.pipeline.training.run import TrainResult, TrainStep
+from marin_assets.pipeline.training.rl.envs import Environment, check_environment
 from marin_assets.pipeline.training.runner import RunPlaces, platform_for, run_training
-from marin_assets.pipeline.training.sft import model_of
-from marin_assets.pipeline.training.sources import InitFrom, InitWeights, TrainSourceError
+from marin_assets.pipeline.training.sources import InitFrom, InitWeights, TrainSourceError, model_of, resolve_weights
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.training.tracking import Tracking
+from marin_assets.pipeline.training.training_run import TrainResult, TrainStep
 
 RL_OPTIMIZER = OptimizerSpec(learning_rate=1e-4, weight_decay=0.0, warmup=0.0, lr_schedule="constant",
                              min_lr_ratio=1.0)
@@ -117,14 +115,14 @@ class RlTraining:
         return {}  # the data is sampled, not read
 
     def entry_point(self) -> Callable[[Any], Any]:
-        from marin_assets.pipeline.training.levanter_rl import rl_main
+        from marin_assets.pipeline.training.rl.levanter_rl import rl_main
 
         return rl_main
 
     def config(self, places: RunPlaces) -> Any:
         from marin_assets.pipeline.training.levanter_model import model_config, optimizer_config
-        from marin_assets.pipeline.training.levanter_rl import RlRunConfig
         from marin_assets.pipeline.training.levanter_trainer import trainer_config
+        from marin_assets.pipeline.training.rl.levanter_rl import RlRunConfig
 
         rl = self.rl
         return RlRunConfig(
@@ -144,11 +142,12 @@ class RlTraining:
             hf_save_path=places.hf_save_path)
 
     def finish(self, result: TrainResult, metrics: dict[int, dict[str, Any]]) -> TrainResult:
-        from marin_assets.pipeline.training.levanter_rl import read_samples
-        from marin_assets.pipeline.training.rl_metrics import rl_metrics
+        from marin_assets.pipeline.training.rl.levanter_rl import read_samples
+        from marin_assets.pipeline.training.rl.metrics import rl_metrics
 
         held = min(self.rl.held_out_problems, len(self.env.problems("held_out")))
-        return replace(result, rl=rl_metrics(metrics, self.env.identity(), held, read_samples(self.output_path)))
+        samples = read_samples(self.output_path)
+        return replace(result, method_metrics=rl_metrics(metrics, self.env.identity(), held, samples))
 
 
 def rl_train(output_path: str, tokenizer_path: str, chat_template: str, env: Environment, rl: RlSpec,
@@ -193,7 +192,7 @@ def source_tokenizer_and_template(init_from: InitFrom, weights: InitWeights) -> 
 
 def pass_rate_measured(output_path: str, result: dict) -> CheckOutcome:
     """The held-out pass rate was measured before and after; says whether RL raised it."""
-    rl = result.get("rl") or {}
+    rl = result.get("method_metrics") or result.get("rl") or {}  # "rl": before 0.2.0
     before, after = rl.get("initial_held_out_pass_rate"), rl.get("final_held_out_pass_rate")
     if before is None or after is None:
         return CheckOutcome(False, "the held-out pass rate was not measured before and after")

@@ -25,29 +25,30 @@ from marin_assets.core.record import load_result
 from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep
 from marin_assets.pipeline.tokens.tokenizer import largest_token_id, load_hf_tokenizer
-from marin_assets.pipeline.training.dpo_metrics import DpoMetrics, dpo_metrics
-from marin_assets.pipeline.training.estimates import training_estimate
-from marin_assets.pipeline.training.pretrain import TrainDataError
-from marin_assets.pipeline.training.reference_logprobs import (
+from marin_assets.pipeline.training.dpo.metrics import DpoMetrics, dpo_metrics
+from marin_assets.pipeline.training.dpo.reference_logprobs import (
     ReferenceLogprobs,
     ReferenceLogprobsStep,
     check_pairs_fit,
     check_preference_cache,
-    check_source_tokenizer,
     identity_of,
     reference_logprobs_step,
-    resolve_weights,
 )
-from marin_assets.pipeline.training.run import LOSS_FELL, TrainResult, TrainStep
+from marin_assets.pipeline.training.estimates import training_estimate
 from marin_assets.pipeline.training.runner import RunPlaces, platform_for, run_training
-from marin_assets.pipeline.training.sft import model_of, source_model
 from marin_assets.pipeline.training.sources import (
     InitFrom,
     InitWeights,
     TrainSourceError,
+    check_source_tokenizer,
+    model_of,
+    resolve_weights,
+    source_model,
 )
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.training.tracking import Tracking
+from marin_assets.pipeline.training.train_data import TrainDataError
+from marin_assets.pipeline.training.training_run import LOSS_FELL, TrainResult, TrainStep
 
 DEFAULT_BETA = 0.1
 """DPO's usual β (Levanter's and Marin's default)."""
@@ -89,13 +90,13 @@ class DpoTraining:
         return {"prefs": self.preference_cache, **{f"reference-{s}": r.path for s, r in self.reference.splits.items()}}
 
     def entry_point(self) -> Callable[[Any], Any]:
-        from marin_assets.pipeline.training.levanter_dpo import dpo_main
+        from marin_assets.pipeline.training.dpo.levanter_dpo import dpo_main
 
         return dpo_main
 
     def config(self, places: RunPlaces) -> Any:
+        from marin_assets.pipeline.training.dpo.levanter_dpo import DpoRunConfig
         from marin_assets.pipeline.training.levanter_data import preference_data_config
-        from marin_assets.pipeline.training.levanter_dpo import DpoRunConfig
         from marin_assets.pipeline.training.levanter_model import model_config, optimizer_config
         from marin_assets.pipeline.training.levanter_trainer import trainer_config
 
@@ -119,7 +120,7 @@ class DpoTraining:
 
     def finish(self, result: TrainResult, metrics: dict[int, dict[str, Any]]) -> TrainResult:
         held = self.reference.splits.get("validation")
-        return replace(result, dpo=dpo_metrics(
+        return replace(result, method_metrics=dpo_metrics(
             metrics, self.beta, {s: r.logprob_accuracy for s, r in self.reference.splits.items()},
             validation_pairs=held.pairs if held is not None else 0))
 
@@ -144,7 +145,7 @@ def dpo_train(output_path: str, tokenizer_path: str, preference_cache: str, refe
 
 def preference_learned(output_path: str, result: dict) -> CheckOutcome:
     """On the held-out pairs, the implicit reward prefers the chosen answer more often than not at the end."""
-    dpo = result.get("dpo") or {}
+    dpo = result.get("method_metrics") or result.get("dpo") or {}  # "dpo": before 0.2.0
     accuracy = dpo.get("final_validation_accuracy")
     if accuracy is None:
         return CheckOutcome(False, "no held-out pairs were scored (the preference cache has no validation split)")
