@@ -69,6 +69,11 @@ class TokenScorer:
         self.batch_size = batch_size
         self._pad, self._forward, self._model, self._Batch, self._Pos = pad_id, forward, model, Batch, Pos
 
+    @property
+    def model(self) -> Any:
+        """The loaded Levanter model, in inference mode (what a `Generator` writes with)."""
+        return self._model
+
     def score(self, sequences: Sequence[np.ndarray]) -> list[TokenScores]:
         """Scores of each sequence of token ids (a sequence of n ids gets n - 1 scores)."""
         import haliax as hax

@@ -1,0 +1,282 @@
+"""A model writes: Levanter's generation engine (`levanter.inference.engine`: a paged KV cache, a scheduler, the
+n samples of a prompt sharing its prefill) behind one call, `Generator.generate(prompts, sampling)`.
+
+What this adds to the engine:
+- **Every prompt is answered.** `InferenceEngine.generate` admits requests in one prefill and returns an empty
+  completion, silently, for those that did not fit (more prompts than `max_seqs_in_prefill`, more prompt tokens than
+  the prefill buffer, more samples than free slots). Prompts go in batches that fit, and a completion shorter than
+  it may be without a stop is an error, never a short result.
+- **Seeded sampling is deterministic**: prompt `i`'s key is `fold_in(PRNGKey(seed), i)` (sample `k` folds in `k`,
+  the engine's own rule), and the batches depend only on the prompts and the settings, so the same model, prompts
+  and `Sampling` give the same tokens in any process. Greedy (`temperature == 0`) needs no key.
+- **Padding rows of the embedding are never written**: a model's vocabulary is rounded up past its tokenizer's
+  (`ModelSpec.vocab_multiple`); ids at or past `vocab_limit` get no probability.
+- **Stops and finish reasons**: EOS ids and stop sequences end a completion, which then excludes them
+  (`finish_reason="stop"`); otherwise it has `max_tokens` tokens (`"length"`), as OpenAI's API reports.
+
+Levanter and JAX are imported inside functions, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from marin_assets.pipeline.training.specs import SpecError
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a model writes. Every field enters the identity of a step that generates: they decide the tokens."""
+
+    max_tokens: int = 64
+    """Most tokens written after each prompt (a stop ends a completion sooner)."""
+    temperature: float = 0.0
+    """0: greedy, the most likely token every time; above 0: sampled from the softmax of logits ÷ temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling: only the likeliest tokens whose probabilities sum past `top_p` are drawn from (1: all)."""
+    n: int = 1
+    """Completions per prompt; they share the prompt's prefill (greedy ones are equal)."""
+    seed: int = 0
+    """The sampling key's seed: the same seed, model and prompts give the same completions."""
+    stop: tuple[str, ...] = ()
+    """Texts that end a completion where they appear (tokenized with the model's tokenizer), besides EOS."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise SpecError(f"sampling max_tokens must be at least 1, got {self.max_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SpecError(f"sampling temperature must be finite and >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise SpecError(f"sampling top_p must be in (0, 1], got {self.top_p}")
+        if self.n < 1:
+            raise SpecError(f"sampling n must be at least 1, got {self.n}")
+        if any(not s for s in self.stop):
+            raise SpecError("a stop sequence is empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One completion of one prompt."""
+
+    prompt: int
+    """The prompt's index in the call."""
+    sample: int
+    """Which of the prompt's `n` samples (0 … n−1)."""
+    tokens: list[int]
+    """The tokens written, without the stop that ended them."""
+    finish_reason: FinishReason
+    """`stop` (EOS or a stop sequence ended it) or `length` (`max_tokens` written)."""
+    logprobs: list[float] = field(default_factory=list)
+    """Each token's log-probability under the distribution it was drawn from (temperature and top-p applied;
+    greedy: the model's own)."""
+
+
+class GenerationError(RuntimeError):
+    """The engine did not answer a prompt whole, or a prompt cannot be answered (too long, a model without decode)."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How much the engine holds at once: not identity (the tokens do not depend on it, only the speed)."""
+
+    max_seq_len: int
+    """Prompt plus completion, at most (the model's `seq_len`)."""
+    max_seqs: int = 32
+    """Sequences decoded together (prompts × n in one batch)."""
+    page_size: int = 16
+    """Tokens per KV-cache page."""
+    max_prefill_tokens: int = 2048
+    """Prompt tokens prefilled in one call (a prompt longer than this is refused)."""
+    max_rounds: int = 16
+    """Decode steps per compiled loop call."""
+    max_stop_tokens: int = 16
+    """Longest stop sequence, in tokens."""
+    max_stop_seqs: int = 4
+    """Stop sequences per completion, EOS ids included."""
+    max_pages: int | None = None
+    """KV-cache pages in all. None: twice what lets every sequence reach `max_seq_len` — with exactly that, n > 1
+    samples (the engine's clones) ran out of pages ("Out of free pages during allocation", marin-levanter 0.2.227);
+    twice held in every trial here."""
+
+
+def vocab_limited(model: Any, vocab_limit: int) -> Any:
+    """`model` whose logits give no probability to ids at or past `vocab_limit` (the embedding's padding rows)."""
+    import equinox as eqx
+    import haliax as hax
+    import jax.numpy as jnp
+
+    class VocabLimited(eqx.Module):
+        inner: Any
+        limit: int = eqx.field(static=True)
+
+        @property
+        def Vocab(self) -> Any:  # noqa: N802 (Levanter's name)
+            return self.inner.Vocab
+
+        @property
+        def Pos(self) -> Any:  # noqa: N802
+            return self.inner.Pos
+
+        def initial_cache(self, spec: Any, *, dtype: Any) -> Any:
+            return self.inner.initial_cache(spec, dtype=dtype)
+
+        def decode(self, input_ids: Any, kv_cache: Any, batch_info: Any, pos_ids: Any, *, key: Any = None) -> Any:
+            logits, cache = self.inner.decode(input_ids, kv_cache, batch_info, pos_ids, key=key)
+            allowed = hax.arange(self.inner.Vocab) < self.limit
+            return hax.where(allowed, logits, jnp.finfo(jnp.float32).min), cache
+
+    if vocab_limit >= model.Vocab.size:
+        return model
+    return VocabLimited(model, vocab_limit)
+
+
+class Generator:
+    """One loaded model writing completions with Levanter's engine (built once: its KV cache is allocated here)."""
+
+    def __init__(self, model: Any, *, settings: EngineSettings, vocab_limit: int | None = None,
+                 eos_ids: Sequence[int] = (), tokenizer: Any = None, who: str = "the model") -> None:
+        """`model`: a Levanter LM-head model with paged decode (`decode`, `initial_cache`: Llama's); `vocab_limit`:
+        the tokenizer's size (ids past it are padding); `eos_ids`: tokens that end a completion; `tokenizer`:
+        what turns stop texts into ids (a transformers tokenizer); `who` names the model in errors."""
+        import jax.numpy as jnp
+        from levanter.inference.engine import InferenceEngine, InferenceEngineConfig
+
+        if not (hasattr(model, "decode") and hasattr(model, "initial_cache")):
+            raise GenerationError(f"{who} ({type(model).__name__}) has no paged decode in Levanter, so it cannot"
+                                  " generate with the engine; Llama-family models can")
+        self.who, self.settings, self.tokenizer = who, settings, tokenizer
+        self.eos_ids = tuple(int(t) for t in eos_ids)
+        self.model = vocab_limited(model, vocab_limit if vocab_limit is not None else model.Vocab.size)
+        s = settings
+        pages_per_seq = -(-s.max_seq_len // s.page_size)
+        self.config = InferenceEngineConfig(
+            max_seq_len=s.max_seq_len, page_size=s.page_size, max_pages=s.max_pages or 2 * s.max_seqs * pages_per_seq,
+            max_seqs=s.max_seqs, max_seqs_in_prefill=s.max_seqs, max_prefill_size=s.max_prefill_tokens,
+            max_queued_tokens=max(64, s.max_seqs), max_rounds=s.max_rounds, compute_dtype=jnp.float32,
+            max_stop_seqs=s.max_stop_seqs, max_stop_tokens=s.max_stop_tokens)
+        self.engine = InferenceEngine.from_model_with_config(self.model, _Detokenizer(tokenizer), self.config)
+
+    def set_weights(self, model: Any) -> None:
+        """Write with new weights of the same model (an RL policy after an update): the cache is kept."""
+        limit = self.model.limit if hasattr(self.model, "limit") else model.Vocab.size
+        self.model = vocab_limited(model, limit)
+        self.engine.model = self.model
+
+    def stop_ids(self, sampling: Sampling) -> list[list[int]]:
+        """The token sequences that end a completion: each EOS id, then each stop text's tokens."""
+        stops = [[t] for t in self.eos_ids]
+        for text in sampling.stop:
+            if self.tokenizer is None:
+                raise GenerationError(f"stop sequences need {self.who}'s tokenizer")
+            stops.append(list(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
+        too_long = [s for s in stops if len(s) > self.settings.max_stop_tokens]
+        if too_long or len(stops) > self.settings.max_stop_seqs:
+            raise GenerationError(f"{len(stops)} stop sequences (EOS included), the longest {max(map(len, stops))}"
+                                  f" tokens; the engine holds {self.settings.max_stop_seqs} of at most"
+                                  f" {self.settings.max_stop_tokens} tokens (EngineSettings)")
+        return stops
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[list[Completion]]:
+        """`sampling.n` completions of each prompt (token ids), in the prompts' order."""
+        s = self.settings
+        if sampling.n > s.max_seqs:
+            raise GenerationError(f"n={sampling.n} samples per prompt, more than the engine's {s.max_seqs} sequences"
+                                  " (EngineSettings.max_seqs)")
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise GenerationError(f"prompt {i} is empty")
+            if len(prompt) + sampling.max_tokens > s.max_seq_len:
+                raise GenerationError(f"prompt {i} has {len(prompt)} tokens: with max_tokens={sampling.max_tokens}"
+                                      f" it passes {self.who}'s {s.max_seq_len} positions")
+            if len(prompt) > s.max_prefill_tokens:
+                raise GenerationError(f"prompt {i} has {len(prompt)} tokens, more than one prefill holds"
+                                      f" ({s.max_prefill_tokens}: EngineSettings.max_prefill_tokens)")
+        stops = self.stop_ids(sampling)
+        out: list[list[Completion]] = []
+        for batch in self._batches(prompts, sampling.n):
+            out.extend(self._generate_batch(prompts, batch, sampling, stops))
+        return out
+
+    def _batches(self, prompts: Sequence[Sequence[int]], n: int) -> list[list[int]]:
+        """Prompt indices in runs that one engine call admits whole: at most `max_seqs // n` prompts and
+        `max_prefill_tokens` prompt tokens each. They depend only on the prompts and the settings."""
+        per_batch = self.settings.max_seqs // n
+        batches: list[list[int]] = []
+        current: list[int] = []
+        tokens = 0
+        for i, prompt in enumerate(prompts):
+            if current and (len(current) == per_batch or tokens + len(prompt) > self.settings.max_prefill_tokens):
+                batches.append(current)
+                current, tokens = [], 0
+            current.append(i)
+            tokens += len(prompt)
+        if current:
+            batches.append(current)
+        return batches
+
+    def _generate_batch(self, prompts: Sequence[Sequence[int]], batch: list[int], sampling: Sampling,
+                        stops: list[list[int]]) -> list[list[Completion]]:
+        import haliax as hax
+        import jax
+        import jax.numpy as jnp
+        from levanter.inference.engine import Request
+        from levanter.inference.jit_scheduler import SeqDecodingParams
+        from levanter.inference.utils import INVALID
+
+        stop_array = None
+        if stops:
+            width = max(map(len, stops))
+            padded = [[INVALID] * (width - len(s)) + s for s in stops]  # left-padded, as the engine reads them
+            stop_array = hax.named(jnp.asarray(padded, dtype=jnp.int32), ("stop_seq", "position"))
+        base = jax.random.PRNGKey(sampling.seed)
+        requests = [Request(prompt_tokens=[int(t) for t in prompts[i]], request_id=i, n_generations=sampling.n,
+                            decode_params=SeqDecodingParams(
+                                max_num_tokens=jnp.array(len(prompts[i]) + sampling.max_tokens, dtype=jnp.int32),
+                                stop_tokens=stop_array,
+                                temperature=jnp.array(sampling.temperature, dtype=jnp.float32),
+                                top_p=jnp.array(sampling.top_p, dtype=jnp.float32),
+                                key=jax.random.fold_in(base, i)))
+                    for i in batch]
+        result = self.engine.generate(requests)
+        completions: list[list[Completion]] = []
+        for j, i in enumerate(batch):
+            row = []
+            for k in range(sampling.n):
+                tokens = [int(t) for t in result.tokens[j * sampling.n + k]]
+                logprobs = list(result.logprobs[j * sampling.n + k]) if result.logprobs else []
+                row.append(self._completion(i, k, tokens, logprobs, sampling, stops))
+            completions.append(row)
+        return completions
+
+    def _completion(self, prompt: int, sample: int, tokens: list[int], logprobs: list[float], sampling: Sampling,
+                    stops: list[list[int]]) -> Completion:
+        for stop in stops:
+            if len(tokens) >= len(stop) and tokens[len(tokens) - len(stop):] == stop:
+                cut = len(tokens) - len(stop)
+                return Completion(prompt, sample, tokens[:cut], "stop", logprobs[:cut])
+        if len(tokens) >= sampling.max_tokens:
+            return Completion(prompt, sample, tokens[:sampling.max_tokens], "length", logprobs[:sampling.max_tokens])
+        raise GenerationError(f"the engine wrote {len(tokens)} of prompt {prompt}'s (sample {sample})"
+                              f" {sampling.max_tokens} tokens without a stop: it did not answer the prompt whole")
+
+
+class _Detokenizer:
+    """What the engine asks of a tokenizer: only `decode`, for its debug log."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.pad_token_id = getattr(tokenizer, "pad_token_id", None)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        if self.tokenizer is None:
+            return " ".join(map(str, ids))
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
