@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import adapter_overhead  # noqa: E402
 import curation  # noqa: E402
 import demo_measures  # noqa: E402
+import generation  # noqa: E402
 import pipeline_throughput  # noqa: E402
 import ray_overhead  # noqa: E402
 import real_tokenize  # noqa: E402
@@ -48,7 +49,7 @@ QUIET_LOAD = 0.5
 """A run is quiet when the 1-minute load average is below this as it starts (2 cores: a quarter of them busy)."""
 QUIET_WAIT_S = 900.0
 """How long a full run waits for the machine to become quiet before it measures anyway (and says so)."""
-GROUPS = ("load", "sweep", "demo", "ray", "step", "tokenize", "real_tokenize", "curation", "train")
+GROUPS = ("load", "sweep", "demo", "ray", "step", "tokenize", "real_tokenize", "curation", "train", "generation")
 
 
 def benchmarks(quick: bool) -> dict[str, Callable[[], dict | list[dict]]]:
@@ -67,6 +68,7 @@ def benchmarks(quick: bool) -> dict[str, Callable[[], dict | list[dict]]]:
         "curation": lambda: curation.measure(reps=reps or 3, megabytes=10 if quick else 30),
         "train": lambda: pipeline_throughput.measure_train(reps=1 if quick else 4, steps=20 if quick else 100,
                                                            documents=5_000 if quick else 20_000),
+        "generation": lambda: generation.measure(reps=reps or 5),
     }
 
 

@@ -259,6 +259,24 @@ def test_rl_raises_the_pass_rate_and_records_it(pipeline, trained):
     assert PASS_RATE_MEASURED.fn("", read_record(pipeline.rl.output_path_under(pipeline.prefix)).result).passed
 
 
+def test_each_write_of_samples_is_a_file_of_its_own_and_a_single_old_file_still_reads(pipeline, trained, tmp_path):
+    """The samples are added a file per write (an evaluation, a rollout), never read back and rewritten whole."""
+    out = pipeline.rl.output_path_under(pipeline.prefix)
+    files = sorted(os.listdir(os.path.join(out, levanter_rl.SAMPLES_DIR)))
+    assert len(files) == 5 + 20, files  # five evaluations (steps 0, 10, 20, 30, 40) and twenty rollouts
+    for name in files:
+        split, step = name.removesuffix(".jsonl").rsplit("-", 1)
+        rows = [json.loads(line) for line in Path(out, levanter_rl.SAMPLES_DIR, name).read_text().splitlines()]
+        assert rows and {(r["split"], r["step"]) for r in rows} == {(split, int(step))}, name
+    # a run of 0.1 kept every row in one file: it still reads, a later write of the same row replacing it
+    old = tmp_path / "old-run"
+    (old / levanter_rl.SAMPLES_DIR).mkdir(parents=True)
+    row = {"split": "held_out", "step": 0, "index": 0, "prompt": "p", "answer": "1", "completion": "2", "reward": 0.0}
+    (old / levanter_rl.SAMPLES_FILE).write_text(json.dumps(row) + "\n" + json.dumps({**row, "index": 1}) + "\n")
+    (old / levanter_rl.SAMPLES_DIR / "held_out-000000000.jsonl").write_text(json.dumps({**row, "reward": 1.0}) + "\n")
+    assert [(r["index"], r["reward"]) for r in levanter_rl.read_samples(str(old))] == [(0, 1.0), (1, 0.0)]
+
+
 def test_dagster_serves_the_run_with_its_curves_and_a_rerun_is_a_cache_hit(pipeline, trained, served):
     first, again = served
     for events in (first, again):

@@ -1,7 +1,7 @@
 """RL from verifiable rewards on Levanter's public pieces: a synchronous, on-policy, seeded loop.
 
 Each RL iteration: choose `prompts_per_step` training problems (numpy, seeded by (seed, iteration)), sample
-`samples_per_prompt` completions of each with the current policy (JAX, keys `fold_in(PRNGKey(seed), iteration)`),
+`samples_per_prompt` completions of each with the current policy (seeded by (seed, iteration)),
 score them with the environment's reward, turn rewards into RLOO advantages, and take `updates_per_rollout`
 optimizer steps of a clipped policy-gradient loss (PPO's ratio clip against the sampling policy's log-probs), with
 an optional KL penalty to the initial policy (the k3 estimator, per completion token). The optimizer steps are
@@ -13,10 +13,10 @@ of (seed, iteration) and the policy restored from a checkpoint is bit-identical,
 the uninterrupted run's weights and metrics. When an iteration spans several optimizer steps, its rollout is kept
 beside the checkpoints (`rollouts/iteration-N.npz`) so that a run stopped inside it resumes with the same data.
 
-Sampling is a plain JAX loop (Levanter's inference engine is a paged-KV server with its own scheduler, sized for
-accelerators): every new token recomputes the whole sequence under a causal mask — no KV cache, so cost grows as
-(prompt + completion)² per sequence, which is nothing at the sizes RL environments here need (≤ 64 tokens), and the
-sampled ids are exactly what the same model scores in the update.
+Sampling is the project's one generation engine (`training/generation.py`: Levanter's paged KV cache, the k samples
+of a prompt sharing its prefill), its weights set to the policy's before each rollout and evaluation; the update
+scores the written ids with the same model. `make_sampler`, the loop it replaced (every new token recomputing the
+whole sequence), stays as the tests' and the benchmark's reference.
 
 Imported only inside step functions (on the Ray workers).
 """
@@ -34,14 +34,18 @@ import fsspec
 import numpy as np
 
 from marin_assets.core.paths import join_path
+from marin_assets.pipeline.training.generation import Completion, EngineSettings, Generator, Sampling
 from marin_assets.pipeline.training.rl.envs import Environment, Problem
 from marin_assets.pipeline.training.rl.rloo import rloo_advantages
 
 logger = logging.getLogger(__name__)
 
-SAMPLES_FILE = "rl_samples.jsonl"
+SAMPLES_DIR = "rl_samples"
 """Beside the checkpoints: completions with their rewards (held-out ones at every evaluation, a few training ones
-per iteration), one JSON object a line."""
+per iteration), a JSON-lines file per write (`{split}-{step:09d}.jsonl`): a run adds files, never rewrites what it
+wrote (object stores cannot append; a resumed run writes the step it repeats again, whole)."""
+SAMPLES_FILE = "rl_samples.jsonl"
+"""The one file runs before 0.2.0 rewrote at every write: still read."""
 ROLLOUTS_DIR = "rollouts"
 
 
@@ -71,7 +75,7 @@ class RlRunConfig:
     held_out_problems: int
     eval_every: int
     samples_logged: int
-    """Completions written per evaluation and per iteration (to `output_path/rl_samples.jsonl`)."""
+    """Completions written per evaluation and per iteration (under `output_path/rl_samples/`)."""
     output_path: str
     vocab_size: int
     """Rows of the model's embedding (the starting weights'; ids past the tokenizer's are never sampled)."""
@@ -103,6 +107,17 @@ def layout(prompts: list[list[int]], length: int, pad: int) -> tuple[np.ndarray,
     return tokens, np.array([len(p) for p in prompts], dtype=np.int32)
 
 
+def written(prompts: list[list[int]], completions: list[Completion], length: int, eos: int,
+            pad: int) -> np.ndarray:
+    """Each prompt followed by its completion (and the EOS that ended it, as the policy wrote it), in a
+    `[len(prompts), length]` array of `pad`: the layout the update scores."""
+    tokens = np.full((len(prompts), length), pad, dtype=np.int32)
+    for i, (prompt, done) in enumerate(zip(prompts, completions, strict=True)):
+        row = prompt + done.tokens + ([eos] if done.finish_reason == "stop" else [])
+        tokens[i, :len(row)] = row
+    return tokens
+
+
 def completion_spans(tokens: np.ndarray, prompt_len: np.ndarray, max_new: int, eos: int) -> np.ndarray:
     """Tokens generated per row, up to and including the first EOS (max_new if none)."""
     n = np.full(len(tokens), max_new, dtype=np.int32)
@@ -128,6 +143,11 @@ def loss_mask(prompt_len: np.ndarray, n: np.ndarray, length: int) -> np.ndarray:
     """1 at the completion's positions (each token predicted from the one before), 0 elsewhere."""
     positions = np.arange(length)[None, :]
     return ((positions >= prompt_len[:, None]) & (positions < (prompt_len + n)[:, None])).astype(np.float32)
+
+
+def iteration_seed(seed: int, iteration: int) -> int:
+    """The sampling seed of one iteration's rollout: the run's seed and the iteration alone decide it."""
+    return (seed * 1_000_003 + iteration) % (2**31)
 
 
 def choose_problems(count: int, available: int, seed: int, iteration: int) -> np.ndarray:
@@ -163,7 +183,8 @@ def token_logprobs(model: Any, tokens: Any, Batch: Any, Pos: Any, vocab_limit: i
 def make_sampler(Batch: Any, Pos: Any, vocab_limit: int, eos: int, pad: int, max_new: int, temperature: float,
                  greedy: bool) -> Any:
     """A compiled (model, tokens, prompt_len, key) → tokens with up to `max_new` tokens sampled after each prompt
-    (greedy: the most likely), stopping a row at EOS (pad after it). Every token recomputes the whole sequence."""
+    (greedy: the most likely), stopping a row at EOS (pad after it). Every token recomputes the whole sequence: the
+    sampler the generation engine replaced, kept as a reference (tests, the benchmark's RL sampling row)."""
     import equinox as eqx
     import jax
     import jax.numpy as jnp
@@ -236,26 +257,28 @@ class Rollout:
             return cls(**{k: data[k] for k in data.files})
 
 
-def _write_samples(url: str, rows: list[dict[str, Any]]) -> None:
-    """Append sample rows to the samples file (any fsspec URL: read, extend, rewrite atomically)."""
+def _write_samples(output_path: str, split: str, step: int, rows: list[dict[str, Any]]) -> None:
+    """One write's sample rows as a file of their own under `SAMPLES_DIR` (atomic, any fsspec URL)."""
     from marin_assets.core.files import atomic_write
 
-    fs, path = fsspec.core.url_to_fs(url)
-    before = fs.cat_file(path) if fs.exists(path) else b""
-    atomic_write(url, before + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    url = join_path(output_path, SAMPLES_DIR, f"{split}-{step:09d}.jsonl")
+    atomic_write(url, "".join(json.dumps(r) + "\n" for r in rows).encode())
 
 
 def read_samples(output_path: str) -> list[dict[str, Any]]:
     """The samples a run wrote, a later write of the same (split, step, index) replacing an earlier one (a resumed
     run repeats its last iteration's)."""
-    fs, path = fsspec.core.url_to_fs(join_path(output_path, SAMPLES_FILE))
-    if not fs.exists(path):
-        return []
+    fs, old = fsspec.core.url_to_fs(join_path(output_path, SAMPLES_FILE))
+    _, folder = fsspec.core.url_to_fs(join_path(output_path, SAMPLES_DIR))
+    files = [old] if fs.exists(old) else []
+    if fs.exists(folder):
+        files += sorted(f for f in fs.ls(folder, detail=False) if f.endswith(".jsonl"))
     rows: dict[tuple[str, int, int], dict[str, Any]] = {}
-    for line in fs.cat_file(path).decode().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows[(row["split"], row["step"], row["index"])] = row
+    for file in files:
+        for line in fs.cat_file(file).decode().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[(row["split"], row["step"], row["index"])] = row
     return [rows[k] for k in sorted(rows)]
 
 
@@ -324,6 +347,9 @@ def rl_main(config: RlRunConfig) -> None:
                                           compute_dtype=trainer.mp.compute_dtype,
                                           cast_to_param=trainer.mp.cast_to_param, **source)
 
+        def policy(state: Any) -> Any:
+            return inference_mode(trainer.mp.cast_to_compute(state.model), True)
+
         reference = inference_mode(trainer.mp.cast_to_compute(initial()), True)  # the KL's anchor, never trained
         _, resuming = trainer.checkpoint_load_plan()
         if resuming:
@@ -338,46 +364,41 @@ def rl_main(config: RlRunConfig) -> None:
                                        generation_config=build_generation_config(tokenizer, None)))
 
         Batch = Axis(trainer.config.batch_axis_name or "batch", per_step * k)
-        sample = make_sampler(Batch, Pos, vocab_limit, eos, pad, config.max_new_tokens, config.temperature, False)
-        greedy = make_sampler(Batch, Pos, vocab_limit, eos, pad, config.max_new_tokens, 1.0, True)
+        # One engine (a paged KV cache) writes every completion, its weights set to the policy's before each use
+        generator = Generator(policy(state), settings=EngineSettings(max_seq_len=length, max_seqs=Batch.size),
+                              vocab_limit=vocab_limit, eos_ids=[eos], tokenizer=tokenizer, who="the policy")
         scorer = jax.jit(lambda m, t: token_logprobs(m, t, Batch, Pos, vocab_limit, config.temperature))
-        samples_url = join_path(config.output_path, "rl_samples.jsonl")
-
-        def policy(state: Any) -> Any:
-            return inference_mode(trainer.mp.cast_to_compute(state.model), True)
 
         def evaluate(model: Any, step: int) -> None:
             """Greedy completions of every held-out problem: the pass rate and mean reward, and a few samples."""
             rewards, rows = [], []
-            for start in range(0, len(held_out), Batch.size):
-                chunk = held_prompts[start:start + Batch.size]
-                padded = chunk + [chunk[0]] * (Batch.size - len(chunk))
-                tokens, plen = layout(padded, length, pad)
-                out = np.asarray(greedy(model, jnp.asarray(tokens), jnp.asarray(plen), jrandom.PRNGKey(0)))
-                n = completion_spans(out, plen, config.max_new_tokens, eos)
-                texts = decode_completions(tokenizer, out, plen, n, eos)[:len(chunk)]
-                for i, text in enumerate(texts):
-                    problem = held_out[start + i]
-                    rewards.append(env.reward(problem, text))
-                    if start + i < config.samples_logged:
-                        rows.append({"split": "held_out", "step": step, "index": start + i, "prompt": problem.prompt,
-                                     "answer": problem.answer, "completion": text, "reward": rewards[-1]})
+            generator.set_weights(model)
+            completions = [c for [c] in generator.generate(held_prompts, Sampling(max_tokens=config.max_new_tokens))]
+            for i, done in enumerate(completions):
+                problem, text = held_out[i], tokenizer.decode(done.tokens, skip_special_tokens=True)
+                rewards.append(env.reward(problem, text))
+                if i < config.samples_logged:
+                    rows.append({"split": "held_out", "step": step, "index": i, "prompt": problem.prompt,
+                                 "answer": problem.answer, "completion": text, "reward": rewards[-1]})
             passed = float(np.mean([r >= 1.0 for r in rewards]))
             levanter.tracker.log({"eval/pass_rate": passed, "eval/reward": float(np.mean(rewards))}, step=step)
             logger.info("step %d: held-out pass rate %.3f (%d problems)", step, passed, len(rewards))
-            _write_samples(samples_url, rows)
+            _write_samples(config.output_path, "held_out", step, rows)
 
         def rollout(model: Any, iteration: int, step: int) -> Rollout:
             """Sample k completions of this iteration's problems, score them, and their advantages."""
             chosen = choose_problems(per_step, len(train_problems), config.seed, iteration)
-            prompts = [train_prompts[int(i)] for i in chosen for _ in range(k)]
-            tokens, plen = layout(prompts, length, pad)
+            unique = [train_prompts[int(i)] for i in chosen]
+            prompts = [p for p in unique for _ in range(k)]
+            plen = np.array([len(p) for p in prompts], dtype=np.int32)
             started = time.perf_counter()
-            key = jrandom.fold_in(jrandom.PRNGKey(config.seed), iteration)
-            out = sample(model, jnp.asarray(tokens), jnp.asarray(plen), key)
-            out.block_until_ready()
+            generator.set_weights(model)
+            # k samples of each prompt share its prefill; the seed is the run's and the iteration's alone
+            completions = [c for row in generator.generate(unique, Sampling(
+                max_tokens=config.max_new_tokens, temperature=config.temperature, n=k,
+                seed=iteration_seed(config.seed, iteration))) for c in row]
             sampling = time.perf_counter() - started
-            out = np.asarray(out)
+            out = written(prompts, completions, length, eos, pad)
             n = completion_spans(out, plen, config.max_new_tokens, eos)
             texts = decode_completions(tokenizer, out, plen, n, eos)
             rewards = np.array([env.reward(train_problems[int(chosen[i // k])], t) for i, t in enumerate(texts)],
@@ -393,7 +414,7 @@ def rl_main(config: RlRunConfig) -> None:
                 "rl/zero_advantage_prompts": float(np.mean(np.all(advantages.reshape(per_step, k) == 0, axis=1))),
                 "throughput/sampling_tokens_per_second": float(n.sum() / sampling),
                 "throughput/sampling_seconds": sampling}, step=step)
-            _write_samples(samples_url, [
+            _write_samples(config.output_path, "train", step, [
                 {"split": "train", "step": step, "index": i, "prompt": train_problems[int(chosen[i // k])].prompt,
                  "answer": train_problems[int(chosen[i // k])].answer, "completion": texts[i],
                  "reward": float(rewards[i])} for i in range(min(config.samples_logged, len(texts)))])
@@ -432,6 +453,6 @@ def rl_main(config: RlRunConfig) -> None:
     trainer.tracker.finish()
 
 
-__all__ = ["RlRunConfig", "Rollout", "SAMPLES_FILE", "choose_problems", "completion_spans", "decode_completions",
-           "layout", "loss_mask", "make_sampler", "read_samples", "render_prompts", "rl_main", "rl_objective",
-           "token_logprobs"]
+__all__ = ["RlRunConfig", "Rollout", "SAMPLES_DIR", "SAMPLES_FILE", "choose_problems", "completion_spans",
+           "decode_completions", "iteration_seed", "layout", "loss_mask", "make_sampler", "read_samples",
+           "render_prompts", "rl_main", "rl_objective", "token_logprobs", "written"]
