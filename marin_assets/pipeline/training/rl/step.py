@@ -35,6 +35,10 @@ from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, Train
 from marin_assets.pipeline.training.tracking import Tracking
 from marin_assets.pipeline.training.training_run import TrainResult, TrainStep
 
+SAMPLER = "levanter-engine-v1"
+"""Enters identity: what writes the rollouts (since 0.2.0 the generation engine, `training/generation.py`; 0.1's
+loop recomputed every sequence and drew other tokens from the same seed, so its runs are other outputs)."""
+
 RL_OPTIMIZER = OptimizerSpec(learning_rate=1e-4, weight_decay=0.0, warmup=0.0, lr_schedule="constant",
                              min_lr_ratio=1.0)
 """Policy-gradient AdamW: constant rate, no decay (the rollouts keep changing, so no schedule is tuned to them)."""
@@ -243,7 +247,7 @@ def rl_step(name: str, init_from: InitFrom, env: Environment, rl: RlSpec = RlSpe
         fn=run,
         deps=[init_from.source] if init_from.source is not None else [],
         hash_attrs={"env": env.identity(), "rl": rl, "model": model, "optimizer": optimizer, "trainer": trainer,
-                    "init_from": init_from.identity(), "method": "rl"},
+                    "init_from": init_from.identity(), "method": "rl", "sampler": SAMPLER},
         resources=resources,
         kind="train",
         description=made_by(rl_train),
