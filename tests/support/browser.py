@@ -38,7 +38,7 @@ def dagster_dev_page(definitions, env: dict, log_path):
     it ignores SIGTERM for long) and a Chromium page; yields (base URL, page)."""
     from playwright.sync_api import sync_playwright
 
-    from tests.support.helpers import BIN, ROOT
+    from tests.support.helpers import BIN, ROOT, wait_for
     from tests.support.servers import free_port, wait_until_serving
 
     chromium = ensure_chromium()
@@ -49,8 +49,11 @@ def dagster_dev_page(definitions, env: dict, log_path):
                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        # Starting imports every wing in three processes: over two minutes was seen on a loaded 2-core machine.
+        # A bound against a hang: starting imports every wing in three processes, slow on a loaded 2-core machine.
         wait_until_serving(f"{base}/server_info", server, log_path, 300, "dagster dev")
+        # The webserver answers before its code server has loaded the definitions (on a loaded machine, many
+        # seconds before): a query then finds no asset. Wait until every code location is loaded.
+        wait_for(lambda: locations_loaded(base), "dagster dev to load the definitions", timeout=300, interval=0.5)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=ARGS)
             page = browser.new_page(viewport={"width": 1800, "height": 1100})
@@ -65,3 +68,25 @@ def dagster_dev_page(definitions, env: dict, log_path):
             server.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
+
+
+LOCATIONS = """
+query { workspaceOrError { ... on Workspace { locationEntries {
+  name loadStatus locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
+
+
+def locations_loaded(base: str) -> bool:
+    """Every code location of the `dagster dev` at `base` has loaded (an error loading one fails at once)."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(f"{base}/graphql", data=json.dumps({"query": LOCATIONS}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        entries = json.load(response)["data"]["workspaceOrError"]["locationEntries"]
+    for entry in entries:
+        error = entry["locationOrLoadError"]
+        if error and error["__typename"] == "PythonError":
+            raise AssertionError(f"code location {entry['name']} failed to load: {error['message']}")
+    return bool(entries) and all(e["loadStatus"] == "LOADED" for e in entries)
+
