@@ -299,13 +299,13 @@ def test_a_killed_worker_resumes_with_the_files_it_finished(tmp_path):
                                                for i, m in enumerate(MODULES[:3])])
     write_jsonl(raw / "train" / "b.jsonl", blocked)
     code = f"""
-import time
+import threading
 from marin_assets.pipeline.curation import html_to_text as h
 real = h.extract_text
 def extract(html, main_content=True):
     if "<!-- STOP -->" in html:
         open({str(marker)!r}, "w").close()
-        time.sleep(600)
+        threading.Event().wait()  # stuck until killed
     return real(html, main_content)
 h.extract_text = extract
 h.html_to_text({str(out)!r}, {str(raw)!r}, target_shard_bytes=1000)

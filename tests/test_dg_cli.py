@@ -11,14 +11,13 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 
 import pytest
 import yaml
 
 from marin_assets.dagster import instance
-from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env
+from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env, wait_for
 from tests.support.servers import free_port
 
 VENV_WARNING = "does not match the virtual environment"
@@ -156,17 +155,16 @@ def test_dg_dev_serves_the_project_without_the_signup_modal(env, tmp_path):
         server = subprocess.Popen([str(BIN / "dg"), "dev", "-h", "127.0.0.1", "-p", str(port)], cwd=ROOT, env=env,
                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
+        def loaded():
+            assert server.poll() is None, log_path.read_text()[-3000:]
             try:
                 data = graphql(base, LOCATIONS)
-                [entry] = data["workspaceOrError"]["locationEntries"]
-                if entry["loadStatus"] == "LOADED":
-                    break
             except OSError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-            time.sleep(0.5)
+                return None
+            [entry] = data["workspaceOrError"]["locationEntries"]
+            return (data, entry) if entry["loadStatus"] == "LOADED" else None
+
+        data, entry = wait_for(loaded, "dg dev to load the project", timeout=300, interval=0.5)
         assert entry["name"] == "marin_assets"  # [tool.dg.project] code_location_name, as in workspace.yaml
         assert entry["locationOrLoadError"]["__typename"] == "RepositoryLocation", entry
         assert data["shouldShowNux"] is False  # the first visit opens on the asset graph

@@ -1,7 +1,7 @@
 """Step functions for the cluster tests, importable by the Ray head's workers."""
 
 import os
-import time
+import threading
 
 
 def where(output_path):
@@ -10,13 +10,13 @@ def where(output_path):
 
 
 def sleepy(output_path):
-    """Announce my pid, then work for a minute (long enough to be interrupted)."""
+    """Announce my pid, then work until killed (the test interrupts it; it never finishes on its own)."""
     pid_dir = os.environ["PID_DIR"]
     with open(os.path.join(pid_dir, "sleepy.pid.tmp"), "w") as f:
         f.write(str(os.getpid()))
     os.replace(os.path.join(pid_dir, "sleepy.pid.tmp"), os.path.join(pid_dir, "sleepy.pid"))
-    time.sleep(60)
-    open(os.path.join(pid_dir, "sleepy.done"), "w").close()
+    threading.Event().wait()
+    open(os.path.join(pid_dir, "sleepy.done"), "w").close()  # never reached: the test checks it never appears
 
 
 def on_each_host(output_path):
