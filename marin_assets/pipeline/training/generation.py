@@ -155,7 +155,8 @@ class Generator:
                                   " generate with the engine; Llama-family models can")
         self.who, self.settings, self.tokenizer = who, settings, tokenizer
         self.eos_ids = tuple(int(t) for t in eos_ids)
-        self.model = vocab_limited(model, vocab_limit if vocab_limit is not None else model.Vocab.size)
+        self.vocab_limit = vocab_limit if vocab_limit is not None else model.Vocab.size
+        self.model = vocab_limited(model, self.vocab_limit)
         s = settings
         pages_per_seq = -(-s.max_seq_len // s.page_size)
         self.config = InferenceEngineConfig(
@@ -167,8 +168,7 @@ class Generator:
 
     def set_weights(self, model: Any) -> None:
         """Write with new weights of the same model (an RL policy after an update): the cache is kept."""
-        limit = self.model.limit if hasattr(self.model, "limit") else model.Vocab.size
-        self.model = vocab_limited(model, limit)
+        self.model = vocab_limited(model, self.vocab_limit)
         self.engine.model = self.model
 
     def stop_ids(self, sampling: Sampling) -> list[list[int]]:
