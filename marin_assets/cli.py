@@ -5,6 +5,7 @@
     marin-assets materialize --select '*hello/report' [--partition KEY] [--verbose]   (one line per asset)
     marin-assets gc [--older-than 7d] [--also module.or/file.py ...] [--json] [--delete]
     marin-assets tick marin_checkpoint_evals [--verbose]     (one sensor tick, its runs here: no daemon needed)
+    marin-assets serve checkpoints/tiny-llama [--port 8000] [--checkpoint-step N]   (OpenAI's API, until Ctrl-C)
 
 `materialize` and `tick` are quiet: what Dagster, Ray, JAX and the steps print goes to a log file under
 $DAGSTER_HOME/logs (the run's events are in the instance and the UI); `--verbose` prints it all here.
@@ -411,6 +412,40 @@ def cmd_tick(args: argparse.Namespace) -> int:
     return 1 if any(r.outcome == "failed" for r in runs) else 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve a model behind OpenAI's API (Levanter's server) until SIGINT or SIGTERM; print its URL."""
+    import signal
+    import threading
+
+    from marin_assets.pipeline.evals.serving import ServeError, checkpoint_at, served
+
+    target = args.model
+    if not (os.path.exists(target) or "://" in target):  # an asset name: its output under the storage prefix
+        defs = load_definitions(args.file, args.module)
+        steps = {s.name: s for s in steps_of(defs).values()}
+        if target not in steps:
+            near = [n for n in sorted(steps) if target.split("/")[-1] in n][:8]
+            print(f"marin-assets serve: no asset {target!r} and no such path"
+                  f"{'; did you mean ' + ', '.join(near) if near else ''}", file=sys.stderr)
+            return 2
+        target = steps[target].output_path_under(storage_settings(storage_of(defs))[0])
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        checkpoint = checkpoint_at(target, args.checkpoint_step)
+        with served(checkpoint, host=args.host, port=args.port, model_name=args.model_name,
+                    who=f"the model at {target}") as server:
+            print(f"serving {checkpoint.path} as {server.model_name!r} at {server.url}", flush=True)
+            print(f"  openai.OpenAI(base_url={server.url!r}, api_key='none'); Ctrl-C stops it", flush=True)
+            stop.wait()
+    except ServeError as e:
+        print(f"marin-assets serve: {e}", file=sys.stderr)
+        return 1
+    print("stopped", flush=True)
+    return 0
+
+
 def add_definitions_arguments(parser: argparse.ArgumentParser) -> None:
     """`-f FILE` or `-m MODULE`: where a command finds the Definitions (`load_definitions`)."""
     where = parser.add_mutually_exclusive_group()
@@ -482,6 +517,16 @@ def main(argv: list[str] | None = None) -> int:
     add_definitions_arguments(p)
     add_verbose_argument(p)
     p.set_defaults(fn=cmd_materialize)
+    p = sub.add_parser("serve", help="serve a trained model, export or Hub model behind OpenAI's API (Levanter's"
+                                     " server: completions, chat completions, streaming) until Ctrl-C")
+    p.add_argument("model", help="an asset name (checkpoints/…, exports/…) or a path (a Hugging Face model folder,"
+                                 " a step's output)")
+    p.add_argument("--checkpoint-step", type=int, help="a training run's checkpoint (default: its last)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one)")
+    p.add_argument("--model-name", default="marin", help="the model id clients ask for (default marin)")
+    add_definitions_arguments(p)
+    p.set_defaults(fn=cmd_serve)
     from marin_assets.execution import local_ray  # its Ray is imported only by the process that holds it
 
     local_ray.add_arguments(sub.add_parser("ray", help="a local Ray that outlives one run: `start` it once and"

@@ -222,9 +222,10 @@ def test_identity_is_the_task_files_content_not_their_place(trained, tmp_path):
      "data file fewshot.jsonl, line 2: malformed JSON (Expecting value: line 1 column 13 (char 12))"),
     ("a row that is not an object", lambda d: (d / "test.jsonl").write_text('{"a": 1}\n[1, 2]\n'),
      "data file test.jsonl, line 2: a JSON list, not an object"),
-    ("generation task", lambda d: (d / "pydocs_next_sentence.yaml").write_text(
-        (d / "pydocs_next_sentence.yaml").read_text().replace("output_type: multiple_choice", "")),
-     "output_type 'generate_until' is not scored here (only multiple_choice, loglikelihood"),
+    ("rolling loglikelihood task", lambda d: (d / "pydocs_next_sentence.yaml").write_text(
+        (d / "pydocs_next_sentence.yaml").read_text().replace("output_type: multiple_choice",
+                                                               "output_type: loglikelihood_rolling")),
+     "output_type 'loglikelihood_rolling' is not scored here (only multiple_choice, loglikelihood, generate_until"),
     ("no data files", lambda d: (d / "pydocs_next_sentence.yaml").write_text("task: x\noutput_type: loglikelihood\n"
                                                                              "dataset_path: allenai/ai2_arc\n"),
      "no local data files (dataset_kwargs.data_files)"),

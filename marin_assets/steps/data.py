@@ -25,6 +25,7 @@ from marin_assets.pipeline.data.preference import preference_data_step
 from marin_assets.pipeline.data.python_docs import PythonBuild, python_docs_step
 from marin_assets.pipeline.data.readers import iter_records
 from marin_assets.pipeline.data.text_files import expand_files, local_dir_for
+from marin_assets.pipeline.data.word_problems import word_problems_step
 from marin_assets.pipeline.hello import numbers_step, report_step, stats_step
 from marin_assets.pipeline.tokens.chat import chat_tokenize_step
 from marin_assets.pipeline.tokens.preference_cache import preference_tokenize_step
@@ -37,7 +38,7 @@ __all__ = [
     # downloads and uploads
     "hf_download_step", "url_download_step", "hub_upload_step",
     # datasets: generated, real, preference pairs, the hello-world example's steps
-    "corpus_step", "python_docs_step", "PythonBuild", "preference_data_step",
+    "corpus_step", "python_docs_step", "PythonBuild", "word_problems_step", "preference_data_step",
     "numbers_step", "stats_step", "report_step",
     # curation
     "normalize_step", "html_to_text_step", "heuristic_filter_step", "HeuristicRules", "quality_classifier_step",

@@ -7,6 +7,10 @@ packages and pydoc topics), so the demo model never trained on them:
 - `pydocs_next_sentence` (multiple choice): a sentence, and four candidate next sentences — the true one and the
   true next sentences of three other passages;
 - `pydocs_last_word` (loglikelihood): a sentence without its last word, and that word.
+
+`arith_word_problems` (generate_until, GSM8K's format) takes its test problems from the held-out split of
+`marin_assets.pipeline.data.word_problems` (seed 0) and its few-shot examples from the training split, beyond the
+problems `word_problems_step` writes as training text by default.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sysconfig
 from pathlib import Path
 
 from marin_assets.pipeline.data.python_docs import is_validation, python_documents
+from marin_assets.pipeline.data.word_problems import word_problems
 
 HERE = Path(__file__).resolve().parent
 SENTENCE = re.compile(r"(?<=[a-z0-9)][.!?])\s+(?=[A-Z])")
@@ -73,6 +78,17 @@ def main() -> None:
     folder = HERE / "pydocs_last_word"
     write(folder, "fewshot.jsonl", rows[:FEWSHOT])
     write(folder, "test.jsonl", rows[FEWSHOT:])
+    word_problem_task()
+
+
+def word_problem_task() -> None:
+    """`arith_word_problems`: 100 held-out problems to answer, 8 training problems as few-shot examples."""
+    held_out, train = word_problems("held_out", seed=0), word_problems("train", seed=0)
+    folder = HERE / "arith_word_problems"
+    write(folder, "fewshot.jsonl", [{"id": i, "question": p.question, "answer": p.answer}
+                                    for i, p in enumerate(train[-8:])])
+    write(folder, "test.jsonl", [{"id": i, "question": p.question, "answer": p.answer}
+                                 for i, p in enumerate(held_out[:TEST])])
 
 
 if __name__ == "__main__":

@@ -1,16 +1,19 @@
-"""Downstream evaluation with lm-evaluation-harness: multiple-choice and loglikelihood tasks on a checkpoint.
+"""Downstream evaluation with lm-evaluation-harness: multiple-choice, loglikelihood and generative (`generate_until`)
+tasks on a checkpoint.
 
 A task is an lm-eval YAML file and the local data files it names (`dataset_kwargs.data_files`, resolved
 against the YAML's folder — lm-eval alone resolves them against its working directory). Their content, not
 their place, is the task's identity: edit a row and every evaluation using the task is a new output.
 
-The model is Levanter's lm-eval adapter (`levanter.eval_harness`: the checkpoint scored on one process,
-requests packed several to a sequence of the model's training length), with one change: requests are tokenized
-as lm-eval's `TemplateLM` does (context and continuation without special tokens, split where the whole text's
-tokens part) behind the document-start token training put before every document. Levanter's own adapter
-tokenizes the text alone: no document-start token before the context, unlike every training document, and after
-an empty context the continuation's first token goes unscored. lm-eval then runs as `simple_evaluate` does,
-on tasks loaded without indexing its 14,700 built-in ones, and the few-shot count it reports for each task is
+The model is Levanter's lm-eval adapter (`levanter.eval_harness`: the checkpoint scored on one process, requests
+packed several to a sequence of the model's training length), with one change: requests are tokenized as lm-eval's
+`TemplateLM` does (context and continuation without special tokens, split where the whole text's tokens part) behind
+the document-start token training put before every document. Levanter's own adapter tokenizes the text alone: no
+document-start token before the context, unlike every training document, and after an empty context the
+continuation's first token goes unscored. Generative tasks are answered by the project's one generation engine
+(`training.generation`), greedy unless the task samples, cut at the task's `until` texts, and scored by lm-eval's
+own filters and metrics (exact match after a regex, as GSM8K defines it). lm-eval then runs as `simple_evaluate`
+does, on tasks loaded without indexing its 14,700 built-in ones, and the few-shot count it reports for each task is
 checked against the one asked for. Each score carries its task's overlap with the evaluated run's training data,
 found through the run's lineage (`evals/contamination.py`), so that a contaminated score is never read as clean."""
 
@@ -78,6 +81,12 @@ class TaskScore:
     perplexity: float | None = None
     """Loglikelihood tasks: exp of minus the mean loglikelihood of the continuation."""
     perplexity_stderr: float | None = None
+    exact_match: float | None = None
+    """Generative tasks: the share of answers equal to the target after the task's first filter (`strict-match`
+    for GSM8K-style tasks: the number after `####`); every filter's share is in `exact_match_by_filter`."""
+    exact_match_stderr: float | None = None
+    exact_match_by_filter: dict[str, float] = field(default_factory=dict)
+    """Filter name (`strict-match`, `flexible-extract`; `none` without filters) → exact match after it."""
     truncated: int = 0
     """Requests (one per choice) whose context was cut from the left to the model's length: few-shot examples
     lost. Many: ask for fewer examples, or evaluate a model with a longer `seq_len`."""
@@ -138,9 +147,15 @@ def task_scores(results: Mapping[str, Any], names: Sequence[str], num_fewshot: i
         values: dict[str, Any] = {m: _number(row.get(f"{m},none")) for m in METRICS}
         stderrs: dict[str, Any] = {f"{m}_stderr": _number(row.get(f"{m}_stderr,none")) for m in METRICS}
         samples = results.get("n-samples", {}).get(name, {}).get("effective", 0)
-        output_type = results.get("configs", {}).get(name, {}).get("output_type", "")
-        scores[name] = TaskScore(output_type, int(samples), int(reported), **values, **stderrs,
-                                 truncated=(truncated or {}).get(name, 0))
+        config = results.get("configs", {}).get(name, {})
+        by_filter = {key.split(",", 1)[1]: float(v) for key, v in row.items()
+                     if key.startswith("exact_match,") and _number(v) is not None}
+        first = next((f["name"] for f in config.get("filter_list") or [] if f.get("name") in by_filter),
+                     "none" if "none" in by_filter else next(iter(by_filter), None))
+        scores[name] = TaskScore(config.get("output_type", ""), int(samples), int(reported), **values, **stderrs,
+                                 exact_match=by_filter.get(first) if first else None,
+                                 exact_match_stderr=_number(row.get(f"exact_match_stderr,{first}")) if first else None,
+                                 exact_match_by_filter=by_filter, truncated=(truncated or {}).get(name, 0))
     return scores
 
 
@@ -214,12 +229,13 @@ def every_task_scored(names: Sequence[str]) -> Check:
     """The check that every task scored at least one document, with a finite accuracy (or perplexity)."""
     def check(output_path: str, result: dict) -> CheckOutcome:
         scored = {n: (result.get("tasks") or {}).get(n) or {} for n in names}
-        metric = {n: "acc" if s.get("acc") is not None else "perplexity" for n, s in scored.items()}
+        metric = {n: next((m for m in ("acc", "exact_match") if s.get(m) is not None), "perplexity")
+                  for n, s in scored.items()}
         values = {n: scored[n].get(metric[n]) for n in names}
         missing = [n for n, v in values.items()
                    if not isinstance(v, (int, float)) or not math.isfinite(v) or not scored[n].get("samples")]
         if missing:
-            return CheckOutcome(False, f"no documents scored, or no finite accuracy or perplexity, for"
+            return CheckOutcome(False, f"no documents scored, or no finite accuracy, exact match or perplexity, for"
                                        f" {', '.join(missing)}")
         return CheckOutcome(True, ", ".join(f"{n}: {metric[n]} {v:.3g}" for n, v in values.items()),
                             {f"{n}_{metric[n]}": v for n, v in values.items()})
@@ -291,15 +307,17 @@ class HarnessEval:
         return [f"{t.name}/{m}" for t in self.tasks for m in _metrics(t)]
 
     def summary_columns(self, result: Mapping[str, Any]) -> dict[str, float | None]:
-        """Each task's acc, acc_norm and perplexity, where measured, and its contamination beside them."""
+        """Each task's acc, acc_norm, exact match and perplexity, where measured, and its contamination beside them."""
         scored = result.get("tasks") or {}
         return {f"{task}/{m}": score[m] for task, score in scored.items()
-                for m in ("acc", "acc_norm", "perplexity", "contamination") if score.get(m) is not None}
+                for m in ("acc", "acc_norm", "exact_match", "perplexity", "contamination") if score.get(m) is not None}
 
 
 def _metrics(task: HarnessTask) -> tuple[str, ...]:
     if task.output_type == "multiple_choice":
         return ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr")
+    if task.output_type == "generate_until":
+        return ("exact_match", "exact_match_stderr")
     return ("acc", "acc_stderr", "perplexity")
 
 

@@ -22,8 +22,14 @@ SHIPPED_TASKS = ("pydocs_next_sentence", "pydocs_last_word")
 """Multiple choice and loglikelihood, on sentences of Python's documentation held out from the demo corpus."""
 
 
-OUTPUT_TYPES = ("multiple_choice", "loglikelihood")
-"""What the Levanter adapter scores: loglikelihoods of continuations (no generation, no rolling windows)."""
+SHIPPED_GENERATIVE_TASKS = ("arith_word_problems",)
+"""Generative (`generate_until`): arithmetic word problems in GSM8K's format, held out from the training split
+`word_problems_step` writes (`pipeline/data/word_problems.py`)."""
+
+
+OUTPUT_TYPES = ("multiple_choice", "loglikelihood", "generate_until")
+"""What the Levanter adapter scores: loglikelihoods of continuations, and answers written by the generation engine
+(no rolling windows)."""
 
 
 class HarnessTaskError(ValueError):
@@ -193,8 +199,7 @@ def harness_task(yaml_path: str | os.PathLike[str]) -> HarnessTask:
     output_type = merged.get("output_type", "generate_until")
     if output_type not in OUTPUT_TYPES:
         raise HarnessTaskError(f"harness task {root}: output_type {output_type!r} is not scored here (only"
-                               f" {', '.join(OUTPUT_TYPES)}: Levanter's adapter scores loglikelihoods, it does not"
-                               " generate)")
+                               f" {', '.join(OUTPUT_TYPES)}: rolling loglikelihoods are not)")
     listed = (merged.get("dataset_kwargs") or {}).get("data_files")
     if not listed:
         raise HarnessTaskError(f"harness task {root}: no local data files (dataset_kwargs.data_files): a task's"
@@ -216,11 +221,13 @@ def harness_task(yaml_path: str | os.PathLike[str]) -> HarnessTask:
 
 def shipped_task(name: str) -> HarnessTask:
     """One of the project's own tasks (`SHIPPED_TASKS`), from `resources/eval_tasks/{name}/{name}.yaml`."""
-    if name not in SHIPPED_TASKS:
-        raise HarnessTaskError(f"no shipped task {name!r} (shipped: {', '.join(SHIPPED_TASKS)})")
+    if name not in SHIPPED_TASKS + SHIPPED_GENERATIVE_TASKS:
+        raise HarnessTaskError(f"no shipped task {name!r} (shipped:"
+                               f" {', '.join(SHIPPED_TASKS + SHIPPED_GENERATIVE_TASKS)})")
     return harness_task(SHIPPED_TASKS_DIR / name / f"{name}.yaml")
 
 
 def shipped_tasks() -> list[HarnessTask]:
-    """All the project's own tasks."""
+    """The project's own loglikelihood and multiple-choice tasks (`SHIPPED_TASKS`; the generative one is
+    `shipped_task("arith_word_problems")`)."""
     return [shipped_task(n) for n in SHIPPED_TASKS]

@@ -92,6 +92,64 @@ def lm_class() -> type:
                 raise RuntimeError(f"requests {np.where(~covered)[0][:10].tolist()} were not scored")
             return [(float(lp), bool(g)) for lp, g in zip(logprobs, greedy, strict=True)]
 
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            """Each request's answer, written by the project's generation engine (`training.generation`: Levanter's
+            paged KV cache, every prompt answered, float32) after the document-start token, as `loglikelihood`
+            frames a context; cut at the first `until` text, as lm-eval's own models cut it. Requests with the same
+            settings go together; a context is cut from the left to leave `max_gen_toks` positions (counted in
+            `truncated`). Sampled requests (`do_sample`) use seed `seed` (default 0): deterministic."""
+            from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
+
+            from marin_assets.pipeline.training.generation import Sampling, cut_at_stop_texts
+
+            Pos, prefix = self.EvalPos, self.prefix_token_id
+            eos_text = self.tokenizer.decode([self.tokenizer.eos_token_id]) if self.tokenizer.eos_token_id is not None \
+                else None
+            groups: dict[Sampling, list[tuple[int, list[int], list[str]]]] = {}
+            for i, request in enumerate(requests):
+                context, gen_kwargs = request.args
+                kwargs = normalize_gen_kwargs(dict(gen_kwargs), 256)
+                until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
+                max_tokens = int(kwargs.pop("max_gen_toks"))
+                if max_tokens >= Pos.size:
+                    raise ValueError(f"task {request.task_name}: max_gen_toks={max_tokens} leaves no room for a prompt"
+                                     f" in the model's {Pos.size} positions")
+                ids = [prefix, *self.tok_encode(context)]
+                if len(ids) > Pos.size - max_tokens:
+                    ids = ids[len(ids) - (Pos.size - max_tokens):]
+                    self.truncated[request.task_name] = self.truncated.get(request.task_name, 0) + 1
+                temperature = float(kwargs.get("temperature") or 0.0) if kwargs.get("do_sample") else 0.0
+                sampling = Sampling(max_tokens=max_tokens, temperature=temperature,
+                                    top_p=float(kwargs.get("top_p") or 1.0), seed=int(kwargs.get("seed") or 0),
+                                    stop=tuple(self._engine_stops(until)))
+                groups.setdefault(sampling, []).append((i, ids, until))
+            answers = [""] * len(requests)
+            for sampling, rows in groups.items():
+                done = self.generator.generate([ids for _, ids, _ in rows], sampling)
+                for (i, _, until), (completion,) in zip(rows, done, strict=True):
+                    answers[i] = cut_at_stop_texts(self.tokenizer, completion, until)[1]
+            return answers
+
+        def _engine_stops(self, until: list[str]) -> list[str]:
+            """The `until` texts the engine can stop on (those of at most its stop length, EOS aside); the rest
+            still end the answer, by the text cut, after the engine wrote `max_gen_toks`."""
+            settings = self.generator.settings
+            fit = [u for u in until if u and u != self.tokenizer.eos_token
+                   and len(self.tokenizer(u, add_special_tokens=False)["input_ids"]) <= settings.max_stop_tokens]
+            return fit[:settings.max_stop_seqs - len(self.generator.eos_ids)]
+
+        @functools.cached_property
+        def generator(self) -> Any:
+            """The engine on the scored model, built on the first generative request."""
+            from marin_assets.pipeline.training.generation import EngineSettings, Generator
+
+            size = self.EvalPos.size
+            return Generator(self.leader.model, settings=EngineSettings(
+                max_seq_len=size, max_seqs=16, max_prefill_tokens=max(2048, size), max_stop_seqs=8),
+                vocab_limit=len(self.tokenizer), tokenizer=self.tokenizer,
+                eos_ids=[self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [],
+                who="the evaluated model")
+
     return FramedHarnessLM
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from marin_assets.pipeline.training.specs import SpecError
@@ -267,6 +267,27 @@ class Generator:
             return Completion(prompt, sample, tokens[:sampling.max_tokens], "length", logprobs[:sampling.max_tokens])
         raise GenerationError(f"the engine wrote {len(tokens)} of prompt {prompt}'s (sample {sample})"
                               f" {sampling.max_tokens} tokens without a stop: it did not answer the prompt whole")
+
+
+def cut_at_stop_texts(tokenizer: Any, completion: Completion, stops: Sequence[str]) -> tuple[Completion, str]:
+    """The completion's text cut before the first stop text in it, and the completion cut to the tokens before that.
+
+    The engine stops on a stop text's own tokens; a model can write the same text through other tokens (`"\\n\\n"`
+    as one token or two, a word's leading space joined to it), which only the text shows. lm-eval cuts
+    `generate_until` answers the same way (at the first occurrence of any `until` text)."""
+    text = tokenizer.decode(completion.tokens, skip_special_tokens=True)
+    cut = min((i for s in stops if s and (i := text.find(s)) >= 0), default=-1)
+    if cut < 0:
+        return completion, text
+    text = text[:cut]
+    keep = 0
+    while keep < len(completion.tokens):
+        prefix = tokenizer.decode(completion.tokens[:keep + 1], skip_special_tokens=True)
+        if len(prefix) > cut or not text.startswith(prefix):
+            break
+        keep += 1
+    return replace(completion, tokens=completion.tokens[:keep], logprobs=completion.logprobs[:keep],
+                   finish_reason="stop"), text
 
 
 class _Detokenizer:
