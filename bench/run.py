@@ -68,7 +68,7 @@ def benchmarks(quick: bool) -> dict[str, Callable[[], dict | list[dict]]]:
         "curation": lambda: curation.measure(reps=reps or 3, megabytes=10 if quick else 30),
         "train": lambda: pipeline_throughput.measure_train(reps=1 if quick else 4, steps=20 if quick else 100,
                                                            documents=5_000 if quick else 20_000),
-        "generation": lambda: generation.measure(reps=reps or 5),
+        "generation": lambda: [*generation.measure(reps=reps or 5), generation.measure_step(reps=reps or 3)],
     }
 
 
