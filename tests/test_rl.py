@@ -249,6 +249,11 @@ def test_rl_raises_the_pass_rate_and_records_it(pipeline, trained):
     kl = [v for _, v in rl.kl_curve]
     assert abs(kl[0]) < 1e-5 and max(kl) > 1e-3  # the first update starts at the initial policy, then moves
     assert all(1 <= n <= RL.max_new_tokens for _, n in rl.completion_tokens_curve)
+    # the tokens trained on are the rollouts' real lengths, fewer than the padded sequences, more than the completions
+    sequences = RL_TRAINER.num_train_steps * RL.prompts_per_step * RL.samples_per_prompt
+    completion = sum(n * RL.prompts_per_step * RL.samples_per_prompt * RL.updates_per_rollout
+                     for _, n in rl.completion_tokens_curve)
+    assert completion < result.train_tokens < sequences * result.model.seq_len
     assert rl.sampling_tokens_per_second and rl.update_tokens_per_second
     # The samples: held-out greedy completions at the first and last evaluation, scored by the environment.
     assert {(s.split, s.step) for s in rl.samples} == {("held_out", 0), ("held_out", 40), ("train", 38)}

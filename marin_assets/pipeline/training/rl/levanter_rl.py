@@ -410,6 +410,7 @@ def rl_main(config: RlRunConfig) -> None:
             levanter.tracker.log({
                 "rl/reward": float(rewards.mean()), "rl/pass_rate": float(np.mean(rewards >= 1.0)),
                 "rl/completion_tokens": float(n.mean()),
+                "rl/sequence_tokens": float((plen + n).sum()),
                 "rl/truncated": float(np.mean(out[np.arange(len(out)), plen + n - 1] != eos)),
                 "rl/zero_advantage_prompts": float(np.mean(np.all(advantages.reshape(per_step, k) == 0, axis=1))),
                 "throughput/sampling_tokens_per_second": float(n.sum() / sampling),

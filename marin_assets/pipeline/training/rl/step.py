@@ -151,7 +151,13 @@ class RlTraining:
 
         held = min(self.rl.held_out_problems, len(self.env.problems("held_out")))
         samples = read_samples(self.output_path)
-        return replace(result, method_metrics=rl_metrics(metrics, self.env.identity(), held, samples))
+        # the tokens trained on: each rollout's real sequences (prompt and completion, EOS included; no padding),
+        # once per update made on it
+        u, steps = self.rl.updates_per_rollout, self.trainer.num_train_steps
+        rolled = [(s, float(m["rl/sequence_tokens"])) for s, m in metrics.items() if "rl/sequence_tokens" in m]
+        tokens = int(sum(t * min(u, steps - s) for s, t in rolled)) if rolled else result.train_tokens
+        return replace(result, train_tokens=tokens,
+                       method_metrics=rl_metrics(metrics, self.env.identity(), held, samples))
 
 
 def rl_train(output_path: str, tokenizer_path: str, chat_template: str, env: Environment, rl: RlSpec,
