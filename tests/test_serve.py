@@ -19,6 +19,7 @@ from marin_assets import materialize_step
 from marin_assets.pipeline.evals.completions import COMPLETIONS_FILE, generate_step
 from marin_assets.pipeline.evals.serving import ServeError, checkpoint_at, served
 from marin_assets.pipeline.training.generation import Sampling
+from resources import ServingResource
 from tests.support.helpers import ROOT, subprocess_env, wait_for
 from tests.support.looking_inside import build, materialized, shared_prefix
 from tests.test_generate_step import TEXTS
@@ -147,3 +148,25 @@ def test_the_command_line_serves_an_asset_path_until_interrupted(inside, tmp_pat
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_an_assets_code_asks_a_model_served_by_the_serving_resource(inside, server):
+    """`ServingResource.serve(step)`: a model step's output served while an asset's block runs; its greedy answer is
+    the module's server's."""
+    import dagster as dg
+
+    steps, _ = inside
+    _, client = server
+    expected = client.completions.create(model="inside", prompt=TEXTS[3], max_tokens=MAX_TOKENS, temperature=0)
+
+    @dg.asset
+    def answer(serving: ServingResource) -> str:
+        with serving.serve(steps["export_bpe"]) as running:
+            asked = openai.OpenAI(base_url=running.url, api_key="none", max_retries=0, timeout=300)
+            reply = asked.completions.create(model="reviewed", prompt=TEXTS[3], max_tokens=MAX_TOKENS, temperature=0)
+            port = int(running.url.rsplit(":", 1)[1].split("/")[0])
+        assert port_is_free(port)
+        return reply.choices[0].text
+
+    result = dg.materialize([answer], resources={"serving": ServingResource(model_name="reviewed")})
+    assert result.success and result.output_for_node("answer") == expected.choices[0].text
