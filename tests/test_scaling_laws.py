@@ -29,6 +29,7 @@ from marin_assets.pipeline.data.corpus import corpus_step
 from marin_assets.pipeline.reports.optimal_run import OptimalRunError, optimal_run_step, prediction_check
 from marin_assets.pipeline.reports.scaling_analysis import ScalingAnalysis, ScalingAnalysisError, scaling_laws_step
 from marin_assets.pipeline.reports.scaling_laws import (
+    MIN_BUDGETS_FOR_IRREDUCIBLE,
     BudgetFit,
     ScalingFitError,
     ScalingLaws,
@@ -257,12 +258,17 @@ def test_fits_that_determine_no_optimum_are_refused_naming_the_budget():
         fit_budget(1e18, runs(1e18, x, 0.2 * (x - 7.2) ** 2 + 3.0))
     with pytest.raises(ScalingFitError, match=r"minimum at 1e\+04 tokens.*fewer tokens: add larger models"):
         fit_budget(1e18, runs(1e18, x, 0.2 * (x - 4.0) ** 2 + 3.0))
-    with pytest.raises(ScalingFitError, match=r"budget 1e\+18: 2 runs at 2 distinct token counts; .*at least 3"):
+    with pytest.raises(ScalingFitError, match=r"budget 1e\+18: 2 runs with a finite metric at 2 distinct token counts;"
+                                              r" .*at least 3"):
         fit_budget(1e18, runs(1e18, [5.0, 6.0], [3.1, 3.0]))
-    with pytest.raises(ScalingFitError, match=r"budget 1e\+18: 3 runs at 2 distinct token counts"):
+    with pytest.raises(ScalingFitError, match=r"budget 1e\+18: 3 runs with a finite metric at 2 distinct token counts"):
         fit_budget(1e18, runs(1e18, [5.0, 6.0, 6.0], [3.1, 3.0, 3.01]))
-    with pytest.raises(ScalingFitError, match=r"run 'r2': its metric is nan \(did it diverge\?\)"):
-        fit_budget(1e18, runs(1e18, x, [3.1, 3.0, math.nan, 3.0, 3.1]))
+    # a run that diverged to nan is left out, named with why; too few runs left is refused naming it
+    fit = fit_budget(1e18, runs(1e18, x, [3.1, 3.0, math.nan, 3.0, 3.1]))
+    assert [(e.name, e.reason) for e in fit.excluded] == [("r2", "its metric is nan (diverged)")]
+    assert fit.weights[2] == 0.0
+    with pytest.raises(ScalingFitError, match=r"2 runs with a finite metric .* \('r2': its metric is nan \(diverged\)"):
+        fit_budget(1e18, runs(1e18, x[:3], [3.1, 3.0, math.nan]))
     with pytest.raises(ScalingFitError, match="run 'r0': tokens must be positive"):
         fit_budget(1e18, [ScalingRun("r0", 1e18, 0.0, 1e5, 3.0)] + runs(1e18, x[1:], [3.0, 2.9, 3.0, 3.1]))
     with pytest.raises(ScalingFitError, match=r"budget 1e\+18: runs \['r0'\] spent another budget"):
@@ -311,6 +317,94 @@ def test_power_laws_are_recovered_from_a_noisy_synthetic_ladder_and_predict_the_
     with pytest.raises(ScalingFitError, match=r"budget 1e\+17: the fitted parabola opens downward"):
         fit_scaling_laws(runs, "eval/loss", next_budget=1e20, delta=100.0)
     assert fit_scaling_laws(runs[7:], "eval/loss", delta=100.0).tokens_law.exponent == pytest.approx(0.52, abs=0.02)
+
+
+CHINCHILLA = {"E": 1.69, "A": 406.4, "B": 410.7, "a": 0.34, "b": 0.28}
+"""Hoffmann et al.'s fitted law, L = E + A/N^a + B/D^b: the optimum's tokens grow as C^(a/(a+b)) = C^0.548."""
+HALF_DECADES = [10 ** (18 + 0.5 * k) for k in range(5)]
+NEXT = 10**20.5
+
+
+def chinchilla_loss(parameters, tokens):
+    c = CHINCHILLA
+    return c["E"] + c["A"] / parameters ** c["a"] + c["B"] / tokens ** c["b"]
+
+
+def chinchilla_optimum(budget: float) -> tuple[float, float]:
+    """(L*, N*) at `budget` with D = C / (6N), by a dense search over log10 N (independent of the fit)."""
+    n = 10 ** np.linspace(6, 13, 200_001)
+    loss = chinchilla_loss(n, budget / (6 * n))
+    return float(loss.min()), float(n[np.argmin(loss)])
+
+
+def chinchilla_ladder(budgets, noise: float = 0.0, seed: int = 0) -> list[ScalingRun]:
+    """Seven models per budget, ±0.6 decades of parameters around its optimum, each run's loss off by `noise`
+    (relative, normal)."""
+    rng, runs = np.random.default_rng(seed), []
+    for budget in budgets:
+        best = math.log10(chinchilla_optimum(budget)[1])
+        for i, x in enumerate(best + np.linspace(-0.6, 0.6, 7)):
+            n = 10**x
+            d = budget / (6 * n)
+            runs.append(ScalingRun(f"{budget:g}-{i}", budget, d, n, chinchilla_loss(n, d) * (1 + rng.normal(0, noise))))
+    return runs
+
+
+@pytest.mark.parametrize("where", ["largest model", "middle", "smallest model"])
+def test_a_diverged_run_anywhere_in_any_budget_is_excluded_named_and_moves_no_prediction(where):
+    """The issue's failure: one diverged run at the largest model of a budget (fewest tokens: the end of its
+    ladder, where a parabola passes through it) moved that budget's D* ×1.40 and the next budget's prediction by
+    −13.7 %. Now it is excluded and named, wherever it is, and the prediction stays within 1 %."""
+    position = {"largest model": 6, "middle": 3, "smallest model": 0}[where]
+    truth = chinchilla_optimum(NEXT)[0]
+    for budget_index in range(len(HALF_DECADES)):
+        runs = chinchilla_ladder(HALF_DECADES)
+        k = budget_index * 7 + position
+        runs[k] = replace(runs[k], metric=runs[k].metric + 12.0)  # diverged
+        laws = fit_scaling_laws(runs, "eval/loss", next_budget=NEXT)
+        excluded = [(f.budget, e.name) for f in laws.fits for e in f.excluded]
+        assert excluded == [(HALF_DECADES[budget_index], runs[k].name)]
+        reason = laws.fits[budget_index].excluded[0].reason
+        assert "above the budget's high-breakdown parabola" in reason and "diverged or mis-logged" in reason
+        assert laws.prediction.metric == pytest.approx(truth, rel=0.01)
+        assert laws.tokens_law.exponent == pytest.approx(0.34 / 0.62, abs=0.005)
+
+
+def test_the_issues_end_point_example_is_no_longer_bent():
+    x = np.linspace(9.0, 10.2, 7)
+    y = 0.3 * (x - 9.6) ** 2 + 3.0
+    y[6] = 15.0
+    runs = [ScalingRun(f"r{i}", 1e18, 10**xi, 1e18 / (6 * 10**xi), yi)
+            for i, (xi, yi) in enumerate(zip(x, y, strict=True))]
+    fit = fit_budget(1e18, runs)
+    assert math.log10(fit.optimal_tokens) == pytest.approx(9.6, abs=1e-6) and fit.a == pytest.approx(0.3)
+    assert [e.name for e in fit.excluded] == ["r6"] and fit.weights[6] == 0.0
+
+
+def test_an_irreducible_term_predicts_the_optimum_where_a_pure_power_law_misses():
+    """L* = K·C^γ misses the next half-decade's optimum by −2.6 % on a planted Chinchilla law; E + K·C^γ, fitted on
+    the same five minima, is within 1 % on noiseless and noisy ladders, with an interval holding the truth."""
+    truth = chinchilla_optimum(NEXT)[0]
+    for seed, noise in [(0, 0.0), (1, 0.001), (2, 0.001), (3, 0.001)]:
+        laws = fit_scaling_laws(chinchilla_ladder(HALF_DECADES, noise, seed), "eval/loss", next_budget=NEXT)
+        assert laws.saturating_law is not None, laws.metric_law_note
+        assert laws.saturating_law.irreducible == pytest.approx(CHINCHILLA["E"], rel=0.03)
+        assert laws.prediction.metric == pytest.approx(truth, rel=0.01)
+        assert laws.metric_law.at(NEXT) < truth * 0.98  # the pure power law's bias, for contrast
+        if noise:
+            assert laws.prediction.metric_low < truth < laws.prediction.metric_high
+    few = fit_scaling_laws(chinchilla_ladder(HALF_DECADES[:3]), "eval/loss", next_budget=NEXT)
+    assert few.saturating_law is None and f"needs {MIN_BUDGETS_FOR_IRREDUCIBLE}" in few.metric_law_note
+    assert few.prediction.metric == pytest.approx(few.metric_law.at(NEXT))
+
+
+def test_a_minimum_that_is_not_positive_is_refused_naming_the_run_that_caused_it():
+    """Under a fixed threshold (no run excluded) a diverged run at the smallest end pulls the parabola under 0."""
+    runs = chinchilla_ladder(HALF_DECADES[:2])
+    runs[0] = replace(runs[0], metric=2000.0)
+    with pytest.raises(ScalingFitError, match=r"budget 1e\+18: the fitted minimum eval/loss is -?[0-9.e+]+, not"
+                                              r" positive.*the run that moves it most is '1e\+18-0'"):
+        fit_scaling_laws(runs, "eval/loss", delta=1e6)
 
 
 def test_a_ladder_of_real_candidates_recovers_a_planted_law():
