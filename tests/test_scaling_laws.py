@@ -662,7 +662,10 @@ def test_the_analysis_recovers_planted_laws_through_dagster_with_its_plots(tmp_p
     curves = [d for _, d in isoflop if "Q" in d]
     assert len(curves) == 4  # one fitted parabola per budget, as one quadratic Bézier each
     assert all(re.search(r"M\d+ \d+v6$", d) for d in curves)  # each with a tick at its minimum
-    assert [d.count("h0") for _, d in isoflop if "h0" in d] == [7, 7, 7, 7]  # every run of every budget
+    # every run of every budget, the planted bad run in its own colour: excluded, and named with why in the record
+    assert [d.count("h0") for _, d in isoflop if "h0" in d] == [6, 7, 7, 7, 1]
+    excluded = [r for r in got.runs if r.excluded]
+    assert len(excluded) == 1 and excluded[0].weight == 0.0 and "diverged or mis-logged" in excluded[0].excluded
     # in the budgets' order, though the record's mappings come back sorted (3e17 after 1e18)
     assert "IsoFLOP eval/loss, ticks: minima: 🟦 1e17 🟥 3e17 🟩 1e18 🟨 3e18" in plots["result.isoflop_plot"]
     assert "D\\* 🟥 N\\* 🟩 predicted" in plots["result.scaling_plot"]

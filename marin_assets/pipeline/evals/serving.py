@@ -5,7 +5,7 @@ starts, and `served(...)` in code.
 What it adds to Levanter's server:
 - the model is loaded as every evaluation loads it (`token_scorer`: a Levanter checkpoint or a Hugging Face folder),
   and the padding rows of its embedding are never written (`generation.vocab_limited`);
-- the engine is sized from the model (its `seq_len`, twice the KV pages the sequences need: `EngineSettings`);
+- the engine is sized from the model (its `seq_len`, four times the KV pages the sequences need: `EngineSettings`);
 - a text prompt follows the document-start token training put before every document, as the generation step and
   the evaluations frame it, so a served model answers as `generate_step` does; a chat is rendered with the
   tokenizer's template, else `DEFAULT_CHAT_TEMPLATE`;
@@ -78,7 +78,7 @@ def served(checkpoint: Checkpoint, *, host: str = "127.0.0.1", port: int = 0, mo
                                   " be served; Llama-family models can")
         page = 16
         service = InferenceEngineConfig(
-            max_seq_len=seq_len, page_size=page, max_pages=2 * max_seqs * -(-seq_len // page), max_seqs=max_seqs,
+            max_seq_len=seq_len, page_size=page, max_pages=4 * max_seqs * -(-seq_len // page), max_seqs=max_seqs,
             max_seqs_in_prefill=max_seqs, max_prefill_size=max(2048, seq_len), max_queued_tokens=max(64, max_seqs),
             max_rounds=16, compute_dtype=jnp.float32)
         config = InferenceServerConfig(service=service, model_name=model_name, host=host, port=port)

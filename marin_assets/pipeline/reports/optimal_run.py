@@ -98,9 +98,17 @@ def prediction_check(analysis: ScalingLawsStep, tolerance: float) -> Check:
                                        " with force")
         found = prediction_error(trained, record)
         passed = abs(found.relative_error) <= tolerance
+        p = record.prediction
+        interval: dict[str, Any] = {}
+        said = ""
+        if p is not None and p.metric_low is not None and p.metric_high is not None:
+            inside = p.metric_low <= found.actual <= p.metric_high
+            interval = {"interval_low": p.metric_low, "interval_high": p.metric_high, "within_interval": inside}
+            where = "inside" if inside else "outside"
+            said = f"; {where} the fit's 95 % interval {p.metric_low:.4f}–{p.metric_high:.4f}"
         return CheckOutcome(passed, f"{found.metric} {found.actual:.4f}, predicted {found.predicted:.4f}:"
                                     f" {found.absolute_error:+.4f} ({found.relative_error:+.2%}; tolerance"
-                                    f" ±{tolerance:.1%})", {**asdict(found), "tolerance": tolerance})
+                                    f" ±{tolerance:.1%}){said}", {**asdict(found), "tolerance": tolerance, **interval})
 
     return Check("metric_matches_prediction", check,
                  f"The run's {analysis.metric} is within ±{tolerance:.1%} of what the scaling laws of"

@@ -96,6 +96,8 @@ class RunPoint:
     metric: float
     weight: float
     """Its final Huber weight in its budget's fit (near 0: set aside as an outlier)."""
+    excluded: str | None = None
+    """Why it was left out of its budget's fit (weight 0: diverged or mis-logged, far off the curve); None: fitted."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,10 @@ class ScalingAnalysis:
     """How N* is found."""
     table_file: str
     """The fits and laws as Markdown, under the output path."""
+    metric_law_note: str = ""
+    """Which law of L* predicts (E + K·C^γ, or the pure power law and why)."""
+    irreducible: float | None = None
+    """E of L* = E + K·C^γ where the ladder supports it (None: the pure power law predicts)."""
 
 
 def plan_run(laws: ScalingLaws, budget: float, scale: IsoFlopScale, vocab_size: int) -> PlannedRun:
@@ -249,9 +255,14 @@ def _plots(laws: ScalingLaws, prediction: ScalingPrediction | None,
         middle = math.sqrt(low * high)
         label = budget_label(fit.budget)
         parabolas[label] = [[t, fit.metric_at(t)] for t in (low, middle, high)]
-        markers[label] = [[r.tokens, r.metric] for r in fit.runs]
+        left_out = {e.name for e in fit.excluded}
+        markers[label] = [[r.tokens, r.metric] for r in fit.runs if r.name not in left_out]
+    excluded = [[r.tokens, r.metric] for fit in laws.fits for r in fit.runs
+                if r.name in {e.name for e in fit.excluded} and math.isfinite(r.metric)]
+    if excluded:
+        markers["excluded"] = excluded
     isoflop = ScalingPlot(f"IsoFLOP {laws.metric}, ticks: minima", "tokens", laws.metric, True, False, {},
-                          parabolas, markers, list(parabolas))  # the plot marks each parabola's vertex
+                          parabolas, markers, [*parabolas, *(["excluded"] if excluded else [])])
     budgets = [f.budget for f in laws.fits]
     ends = [budgets[0], max(budgets[-1], prediction.budget if prediction else 0.0)]
     scaling = ScalingPlot(
@@ -266,7 +277,7 @@ def _plots(laws: ScalingLaws, prediction: ScalingPrediction | None,
         order=["D*", "N*", "predicted", "planned run"])
     minimum = ScalingPlot(
         f"minimum {laws.metric} vs compute", "training FLOPs", laws.metric, True, True,
-        {"L*": [[c, laws.metric_law.at(c)] for c in ends]},
+        {"L*": [[c, (laws.saturating_law or laws.metric_law).at(c)] for c in ends]},
         markers={"L*": [[f.budget, f.optimal_metric] for f in laws.fits],
                  **({"predicted": [[prediction.budget, prediction.metric]]} if prediction else {})},
         order=["L*", "predicted"])
@@ -294,7 +305,9 @@ def scaling_analysis(output_path: str, runs: Sequence[ScalingRun], metric: str, 
             plan = plan_run(laws, next_budget, scale, vocab_size)
         except ScalingFitError as e:
             note = str(e)
-    points = [RunPoint(r.name, fit.budget, int(r.tokens), int(r.parameters), (flops or {}).get(r.name), r.metric, w)
+    why = {e.name: e.reason for fit in laws.fits for e in fit.excluded}
+    points = [RunPoint(r.name, fit.budget, int(r.tokens), int(r.parameters), (flops or {}).get(r.name), r.metric, w,
+                       why.get(r.name))
               for fit in laws.fits for r, w in zip(fit.runs, fit.weights, strict=True)]
     fits = [BudgetSummary(budget_label(f.budget), f.budget, len(f.runs), f.a, f.b, f.c, f.delta, f.optimal_tokens,
                           f.optimal_parameters, f.optimal_metric, f.optimal_tokens / f.optimal_parameters)
@@ -306,7 +319,8 @@ def scaling_analysis(output_path: str, runs: Sequence[ScalingRun], metric: str, 
               "metric": _law(f"min {metric} = K·C^γ", laws.metric_law)},
         prediction=laws.prediction, next_run=plan, next_run_note=note, fits=fits, runs=points,
         rejected=list(rejected), isoflop_plot=isoflop, scaling_plot=scaling, metric_plot=minimum,
-        parameters_method=PARAMETERS_METHOD, table_file=TABLE_FILE)
+        parameters_method=PARAMETERS_METHOD, table_file=TABLE_FILE, metric_law_note=laws.metric_law_note,
+        irreducible=laws.saturating_law.irreducible if laws.saturating_law else None)
     fs, target = fsspec.core.url_to_fs(join_path(output_path, TABLE_FILE))
     fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
     with fs.open(target, "w") as f:
@@ -323,10 +337,18 @@ def markdown(analysis: ScalingAnalysis) -> str:
     lines += ["", "| law | coefficient | exponent | log10 rms |", "|---|---|---|---|"]
     lines += [f"| {law.formula} | {law.coefficient:.4g} | {law.exponent:.4f} | {law.log10_rms:.3g} |"
               for law in analysis.laws.values()]
+    if analysis.metric_law_note:
+        lines += ["", f"L*: {analysis.metric_law_note}."]
+    left_out = [r for r in analysis.runs if r.excluded]
+    if left_out:
+        lines += ["", "| excluded run | budget | metric | why |", "|---|---|---|---|"]
+        lines += [f"| {r.name} | {r.budget:g} | {r.metric:.4g} | {r.excluded} |" for r in left_out]
     if analysis.prediction is not None:
         p = analysis.prediction
+        interval = (f" (95 % interval {p.metric_low:.4f}–{p.metric_high:.4f})"
+                    if p.metric_low is not None and p.metric_high is not None else "")
         lines += ["", f"At {p.budget:g} FLOPs: D* = {p.tokens:.4g} tokens, N* = {p.parameters:.4g} parameters,"
-                      f" {analysis.metric} = {p.metric:.4f}."]
+                      f" {analysis.metric} = {p.metric:.4f}{interval}."]
     if analysis.next_run is not None:
         c = analysis.next_run.candidate
         lines += [f"Planned run: {c.label}, {c.parameters:,} parameters, {c.tokens:,} tokens, lr {c.learning_rate:.4g};"

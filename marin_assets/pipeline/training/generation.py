@@ -103,9 +103,10 @@ class EngineSettings:
     max_stop_seqs: int = 4
     """Stop sequences per completion, EOS ids included."""
     max_pages: int | None = None
-    """KV-cache pages in all. None: twice what lets every sequence reach `max_seq_len` — with exactly that, n > 1
-    samples (the engine's clones) ran out of pages ("Out of free pages during allocation", marin-levanter 0.2.227);
-    twice held in every trial here."""
+    """KV-cache pages in all. None: four times what lets every sequence reach `max_seq_len`. With n > 1 samples (the
+    engine's clones) the engine needs more than that minimum ("Out of free pages during allocation", marin-levanter
+    0.2.227): 16 prompts of 24 tokens × 8 samples × 8 new tokens in 16-token pages failed with 2× and 3× the
+    minimum (512, 768 pages) and ran with 4× (1,024)."""
 
 
 def vocab_limited(model: Any, vocab_limit: int) -> Any:
@@ -160,7 +161,7 @@ class Generator:
         s = settings
         pages_per_seq = -(-s.max_seq_len // s.page_size)
         self.config = InferenceEngineConfig(
-            max_seq_len=s.max_seq_len, page_size=s.page_size, max_pages=s.max_pages or 2 * s.max_seqs * pages_per_seq,
+            max_seq_len=s.max_seq_len, page_size=s.page_size, max_pages=s.max_pages or 4 * s.max_seqs * pages_per_seq,
             max_seqs=s.max_seqs, max_seqs_in_prefill=s.max_seqs, max_prefill_size=s.max_prefill_tokens,
             max_queued_tokens=max(64, s.max_seqs), max_rounds=s.max_rounds, compute_dtype=jnp.float32,
             max_stop_seqs=s.max_stop_seqs, max_stop_tokens=s.max_stop_tokens)
@@ -202,14 +203,24 @@ class Generator:
                                       f" ({s.max_prefill_tokens}: EngineSettings.max_prefill_tokens)")
         stops = self.stop_ids(sampling)
         out: list[list[Completion]] = []
-        for batch in self._batches(prompts, sampling.n):
+        for batch in self._batches(prompts, sampling.n, sampling.max_tokens):
             out.extend(self._generate_batch(prompts, batch, sampling, stops))
         return out
 
-    def _batches(self, prompts: Sequence[Sequence[int]], n: int) -> list[list[int]]:
+    def _batches(self, prompts: Sequence[Sequence[int]], n: int, max_tokens: int) -> list[list[int]]:
         """Prompt indices in runs that one engine call admits whole: at most `max_seqs // n` prompts and
-        `max_prefill_tokens` prompt tokens each. They depend only on the prompts and the settings."""
+        `max_prefill_tokens` prompt tokens each; with n > 1, few enough that the engine's clones do not run out of
+        KV-cache pages. They depend only on the prompts and the settings (the tokens do not depend on them).
+
+        Levanter's clones (the n − 1 extra samples of a prompt) take about one page per token they write, not per
+        `page_size` tokens (marin-levanter 0.2.227: 16 prompts of 24 tokens × 8 samples in 16-token pages needed
+        between 1,536 and 3,072 pages for 16 new tokens, more than 6,144 for 64, where 128 single samples of 64
+        new tokens ran in 768); a batch is sized for that."""
         per_batch = self.settings.max_seqs // n
+        if n > 1:
+            pages = self.config.max_pages
+            per_prompt = n * (-(-self.settings.max_seq_len // self.settings.page_size) + max_tokens)
+            per_batch = max(1, min(per_batch, pages // per_prompt))
         batches: list[list[int]] = []
         current: list[int] = []
         tokens = 0
@@ -246,7 +257,14 @@ class Generator:
                                 top_p=jnp.array(sampling.top_p, dtype=jnp.float32),
                                 key=jax.random.fold_in(base, i)))
                     for i in batch]
-        result = self.engine.generate(requests)
+        try:
+            result = self.engine.generate(requests)
+        except Exception as e:  # noqa: BLE001 - the engine's page allocator fails inside a JAX callback
+            if "Out of free pages" not in str(e):
+                raise
+            raise GenerationError(f"the engine ran out of KV-cache pages ({self.config.max_pages} of"
+                                  f" {self.settings.page_size} tokens) writing {len(requests)} prompts × {sampling.n}"
+                                  " samples: give EngineSettings(max_pages=…) more, or max_seqs less") from None
         completions: list[list[Completion]] = []
         for j, i in enumerate(batch):
             row = []
