@@ -108,8 +108,14 @@ def interrupted(output_path):
 def test_interrupting_a_run_stops_a_light_step_inside_its_function(prefix, monkeypatch):
     monkeypatch.setattr(RayResource, "connect", no_ray)
     step = Step(name="light/interrupted", fn=light(interrupted))
-    with pytest.raises(KeyboardInterrupt) as caught:
-        materialize_step(step, settings=FAST, run_fn=ray_runner(RayResource(), log))
+    # Python's own SIGINT handler, as a fresh `dagster` process has it: a handler another test installed in this
+    # worker process (Dagster's interrupt capture) may linger and swallow the signal
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            materialize_step(step, settings=FAST, run_fn=ray_runner(RayResource(), log))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert "interrupted" in [entry.name for entry in caught.traceback]  # raised inside the function, not beside it
     assert read_status(step.output_path).status is Status.FAILED
 

@@ -182,7 +182,8 @@ def plan_json(capsys, defs_file, *more):
     return code, json.loads(capsys.readouterr().out)
 
 
-def test_a_sweep_is_priced_before_launch_and_its_records_hold_predicted_and_actual(tmp_path, monkeypatch, capsys):
+def test_a_sweep_is_priced_before_launch_and_its_records_hold_predicted_and_actual(tmp_path, monkeypatch, capsys,
+                                                                                   dagster_home):
     from marin_assets.pipeline.training.cost import measure_matmul_flops
 
     prefix = str(tmp_path / "outputs")
@@ -266,7 +267,8 @@ def hello(n):
     return (dataclasses.replace(numbers, fn=light(numbers.fn)), dataclasses.replace(stats, fn=light(stats.fn)))
 
 
-def test_plan_refuses_a_selection_over_its_budget_naming_the_costliest_steps(tmp_path, monkeypatch, capsys):
+def test_plan_refuses_a_selection_over_its_budget_naming_the_costliest_steps(tmp_path, monkeypatch, capsys,
+                                                                             dagster_home):
     prefix = str(tmp_path / "outputs")
     monkeypatch.setenv("P", prefix)
     monkeypatch.delenv("MARIN_PRICES", raising=False)
