@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import textwrap
-import time
 import uuid
 
 import fsspec
@@ -20,7 +19,7 @@ import pytest
 
 from marin_assets.core.status import Status
 from marin_assets.core.stores import read_status
-from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env
+from tests.support.helpers import BIN, ROOT, run_cli, subprocess_env, wait_for
 from tests.support.servers import free_port
 
 DEFS = textwrap.dedent(
@@ -65,16 +64,21 @@ def ray_head(tmp_path_factory):
          "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={temp_dir}", f"--resources={json.dumps(resources)}"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    deadline = time.time() + 60
-    while time.time() < deadline:
+    def registered() -> bool:
+        """The head's raylet has registered with the GCS, with its resources (what a job needs to be placed)."""
+        assert head.poll() is None, f"ray start exited {head.returncode}: {head.stdout.read().decode()[-3000:]}"
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.2)
-    else:
+            if s.connect_ex(("127.0.0.1", port)) != 0:
+                return False
+        status = subprocess.run([BIN / "ray", "status", f"--address=127.0.0.1:{port}"], env=env,
+                                capture_output=True, text=True, timeout=120)
+        return status.returncode == 0 and "test-slice" in status.stdout
+
+    try:
+        wait_for(registered, "the Ray head's node registered with its resources", timeout=300, interval=0.5)
+    except BaseException:
         head.kill()
-        raise RuntimeError("ray head did not start")
-    time.sleep(2)  # let the raylet register with the GCS
+        raise
     yield f"127.0.0.1:{port}"
     head.terminate()
     kill_ray_processes_under(temp_dir)
@@ -126,9 +130,7 @@ def test_interrupting_the_run_cancels_the_ray_task_and_never_marks_success(proje
                              "cluster/sleepy"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     pid_file = path / "sleepy.pid"
-    deadline = time.time() + 90
-    while not pid_file.exists() and time.time() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: pid_file.exists() or proc.poll() is not None, "the sleepy step's worker to start", timeout=300)
     assert pid_file.exists(), proc.communicate(timeout=30)[0][-3000:]
     worker = int(pid_file.read_text())
     assert psutil.pid_exists(worker)
@@ -138,11 +140,13 @@ def test_interrupting_the_run_cancels_the_ray_task_and_never_marks_success(proje
     assert proc.returncode != 0
     assert "cancelled its Ray task" in out
 
-    deadline = time.time() + 20
-    while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE \
-            and time.time() < deadline:
-        time.sleep(0.2)
-    assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+    def gone() -> bool:
+        try:
+            return psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(gone, "the cancelled step's Ray worker to end", timeout=120)
     (name,) = os.listdir(os.path.join(prefix, "cluster"))
     status = read_status(os.path.join(prefix, "cluster", name))
     assert status.status is Status.FAILED  # never SUCCESS; the lease is released
