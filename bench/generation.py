@@ -100,7 +100,7 @@ def measure_step(reps: int = 3) -> dict:
     from marin_assets.experiments import tiny_stories
     from marin_assets.pipeline.evals.completions import GenerationResult, generate_step
     from marin_assets.pipeline.evals.kind import Checkpoint
-    from marin_assets.pipeline.evals.token_scores import token_scorer
+    from marin_assets.pipeline.evals.token_scores import document_start_id, token_scorer
     from marin_assets.pipeline.training.generation import EngineSettings, Generator, Sampling
     from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
     from marin_assets.pipeline.training.training_run import TrainResult
@@ -121,10 +121,8 @@ def measure_step(reps: int = 3) -> dict:
     checkpoint = Checkpoint(train.checkpoint_path(), model, tokenizer_path, train.vocab_size)
     with token_scorer(checkpoint, "the benchmark's model") as scorer:
         tok = scorer.tokenizer
-        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-        ids = [[start, *tok(p, add_special_tokens=False)["input_ids"]] for p in prompts]
-        generator = Generator(scorer.model, settings=EngineSettings(max_seq_len=model.seq_len, max_seqs=32,
-                                                                    max_prefill_tokens=2048),
+        ids = [[document_start_id(tok), *tok(p, add_special_tokens=False)["input_ids"]] for p in prompts]
+        generator = Generator(scorer.model, settings=EngineSettings.for_length(model.seq_len, 32),  # the step's
                               vocab_limit=len(tok), eos_ids=[tok.eos_token_id], tokenizer=tok)
 
         def engine() -> int:

@@ -26,7 +26,7 @@ from marin_assets.pipeline.evals.completions import (
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.training.generation import Sampling
 from marin_assets.pipeline.training.training_run import TrainResult
-from tests.support.looking_inside import build, materialized, shared_prefix
+from tests.support.looking_inside import looking_inside
 from tests.test_generation import greedy_by_numpy
 
 TEXTS = ["The json module", "def main():", "Return the number of", "A list is a", "import os",
@@ -35,11 +35,7 @@ TEXTS = ["The json module", "def main():", "Return the number of", "A list is a"
 
 @pytest.fixture(scope="module")
 def inside(tmp_path_factory):
-    prefix = shared_prefix(tmp_path_factory)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MARIN_PREFIX", prefix)
-        steps = build(prefix)
-        materialized(prefix, steps["export_bpe"])
+    with looking_inside(tmp_path_factory, "export_bpe") as (steps, prefix):
         yield steps, prefix
 
 

@@ -23,7 +23,7 @@ from marin_assets.pipeline.training.generation import (
 )
 from marin_assets.pipeline.training.specs import SpecError
 from tests.support.helpers import ROOT, subprocess_env
-from tests.support.looking_inside import MODEL, build, hf_llama_logits, log_softmax, materialized, shared_prefix
+from tests.support.looking_inside import MODEL, hf_llama_logits, log_softmax, looking_inside
 
 TINY = {"vocab": 512, "seq_len": 128, "hidden_dim": 64, "intermediate_dim": 128, "num_layers": 2, "num_heads": 4}
 """A random Llama for what needs no trained weights: built the same in every process from PRNGKey(0)."""
@@ -61,11 +61,7 @@ def trained(tmp_path_factory):
     from marin_assets.pipeline.evals.kind import Checkpoint
     from marin_assets.pipeline.evals.token_scores import token_scorer
 
-    prefix = shared_prefix(tmp_path_factory)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MARIN_PREFIX", prefix)
-        steps = build(prefix)
-        materialized(prefix, steps["export_bpe"])
+    with looking_inside(tmp_path_factory, "export_bpe") as (steps, _):
         folder = steps["export_bpe"].output_path
         checkpoint = Checkpoint(path=folder, model=MODEL, tokenizer_path=folder, vocab_size=None)
         with token_scorer(checkpoint, "the looking-inside export") as scorer:

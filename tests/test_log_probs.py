@@ -24,7 +24,7 @@ from marin_assets.pipeline.evals.log_probs import (
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep
 from marin_assets.pipeline.evals.token_scores import windows
 from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer
-from tests.support.looking_inside import MODEL, build, hf_llama_logits, log_softmax, materialized, shared_prefix
+from tests.support.looking_inside import MODEL, hf_llama_logits, log_softmax, looking_inside, materialized
 
 MAX_DOCS = 12
 
@@ -32,11 +32,7 @@ MAX_DOCS = 12
 @pytest.fixture(scope="module")
 def inside(tmp_path_factory):
     """The BPE model trained and exported (shared with the perplexity-gap tests), its cache, and both scored."""
-    prefix = shared_prefix(tmp_path_factory)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MARIN_PREFIX", prefix)
-        steps = build(prefix)
-        materialized(prefix, steps["export_bpe"], steps["tokenized_bpe"])
+    with looking_inside(tmp_path_factory, "export_bpe", "tokenized_bpe") as (steps, prefix):
         by_checkpoint = log_probs_step("evals/inside-log-probs", steps["train_bpe"], steps["tokenized_bpe"],
                                        max_docs=MAX_DOCS)
         by_export = log_probs_step("evals/inside-log-probs-export", steps["export_bpe"], steps["tokenized_bpe"],

@@ -21,7 +21,7 @@ from marin_assets.pipeline.evals.serving import ServeError, checkpoint_at, serve
 from marin_assets.pipeline.training.generation import Sampling
 from resources import ServingResource
 from tests.support.helpers import ROOT, subprocess_env, wait_for
-from tests.support.looking_inside import build, materialized, shared_prefix
+from tests.support.looking_inside import looking_inside
 from tests.test_generate_step import TEXTS
 
 MAX_TOKENS = 12
@@ -29,11 +29,7 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def inside(tmp_path_factory):
-    prefix = shared_prefix(tmp_path_factory)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MARIN_PREFIX", prefix)
-        steps = build(prefix)
-        materialized(prefix, steps["export_bpe"])
+    with looking_inside(tmp_path_factory, "export_bpe") as (steps, prefix):
         yield steps, prefix
 
 

@@ -6,7 +6,9 @@ log-probs and perplexity-gap tests: every step is content-addressed, so modules 
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +57,20 @@ def build(prefix: str) -> dict[str, Step]:
         steps.update({f"tokenizer_{kind}": tokenizer, f"tokenized_{kind}": tokenized, f"train_{kind}": train,
                       f"export_{kind}": export_step(f"exports/inside-{kind}", train)})
     return steps
+
+
+@contextlib.contextmanager
+def looking_inside(tmp_path_factory, *wanted: str) -> Iterator[tuple[dict[str, Step], str]]:
+    """The session's steps (`build`) and prefix, the steps named in `wanted` materialized with what they read, while
+    `MARIN_PREFIX` names that prefix (a step's own function reads its inputs there)."""
+    import pytest
+
+    prefix = shared_prefix(tmp_path_factory)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MARIN_PREFIX", prefix)
+        steps = build(prefix)
+        materialized(prefix, *(steps[name] for name in wanted))
+        yield steps, prefix
 
 
 def materialized(prefix: str, *steps: Step) -> None:

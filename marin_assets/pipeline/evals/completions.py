@@ -15,6 +15,7 @@ its reference answer: written beside the completion, never shown to the model.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ from marin_assets.core.record_types import record_type
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
+from marin_assets.pipeline.evals.token_scores import document_start_id
 from marin_assets.pipeline.training.export import checkpoint_step_of
 from marin_assets.pipeline.training.generation import Sampling
 from marin_assets.pipeline.training.training_run import TrainStep
@@ -84,13 +86,7 @@ class Prompts:
         """The prompts, in order (a dataset's read from its output under the current prefix)."""
         if self.dataset is None:
             return [Prompt(t, None, f"prompt {i}") for i, t in enumerate(self.texts)]
-        rows = self._conversations() if self.chat else self._documents()
-        out: list[Prompt] = []
-        for prompt in rows:
-            if self.limit is not None and len(out) >= self.limit:
-                break
-            out.append(prompt)
-        return out
+        return list(itertools.islice(self._conversations() if self.chat else self._documents(), self.limit))
 
     def _files(self) -> list[str]:
         from marin_assets.pipeline.data.readers import DatasetError
@@ -111,20 +107,15 @@ class Prompts:
             yield Prompt(text, None, f"{file}, line or row {number}")
 
     def _conversations(self) -> Iterator[Prompt]:
-        from marin_assets.pipeline.data.messages import checked_turns
         from marin_assets.pipeline.data.readers import DatasetError, format_of, iter_records
-        from marin_assets.pipeline.tokens.chat import FORMS
+        from marin_assets.pipeline.tokens.chat import FORMS, conversation_turns
 
         for file in self._files():
             unit = "row" if format_of(file) == "parquet" else "line"
             for numbers, records in iter_records(file, tuple(FORMS)):
                 for number, record in zip(numbers, records, strict=True):
                     where = f"{file}, {unit} {number}"
-                    form = next((f for f in FORMS if record.get(f) is not None), None)
-                    if form is None or type(record[form]) is not list:
-                        raise DatasetError(f"{where}: no {' or '.join(map(repr, FORMS))} list of turns")
-                    role_key, text_key, roles = FORMS[form]
-                    messages = checked_turns(record[form], where, "turn", role_key, text_key, roles)
+                    messages = conversation_turns(record, where)
                     reference = None
                     if messages and messages[-1]["role"] == "assistant":
                         reference = messages.pop()["content"]
@@ -182,8 +173,7 @@ def generate_completions(output_path: str, checkpoint: Checkpoint, prompts: Prom
                 raise GenerationInputError(f"{who}: {prompt.where} has {len(tokens)} tokens; with max_tokens="
                                            f"{sampling.max_tokens} it passes the model's {seq_len} positions")
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        generator = Generator(scorer.model, settings=EngineSettings(max_seq_len=seq_len, max_seqs=max_seqs,
-                                                                    max_prefill_tokens=max(2048, seq_len)),
+        generator = Generator(scorer.model, settings=EngineSettings.for_length(seq_len, max_seqs),
                               vocab_limit=len(tokenizer), eos_ids=eos, tokenizer=tokenizer, who=who)
         loaded = time.monotonic()
         try:
@@ -225,7 +215,7 @@ def _prompt_ids(tokenizer: Any, prompt: Prompt, who: str) -> list[int]:
     assert prompt.text is not None
     if not prompt.text.strip():
         raise GenerationInputError(f"{who}: {prompt.where} is empty")
-    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    start = document_start_id(tokenizer)
     return ([start] if start is not None else []) + list(tokenizer(prompt.text, add_special_tokens=False)["input_ids"])
 
 

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
+from marin_assets.pipeline.evals.token_scores import document_start_id
 from marin_assets.pipeline.tokens.tokenizer import model_vocab_size
 from marin_assets.pipeline.training.export import is_hf_model
 from marin_assets.pipeline.training.specs import ModelSpec, TrainerSpec
@@ -40,10 +41,9 @@ def lm_class() -> type:
             """Task → requests whose context was cut from the left to fit the model's length."""
 
         @property
-        def prefix_token_id(self) -> int:
+        def prefix_token_id(self) -> int | None:
             """The token training put before every document: BOS, else EOS (which ends the one before)."""
-            bos = self.tokenizer.bos_token_id
-            return bos if bos is not None else self.tokenizer.eos_token_id
+            return document_start_id(self.tokenizer)
 
         def tok_encode(self, string, add_special_tokens=None, left_truncate_len=None, **kwargs):
             """Token ids of text alone: never the post-processor's BOS/EOS."""
@@ -143,9 +143,8 @@ def lm_class() -> type:
             """The engine on the scored model, built on the first generative request."""
             from marin_assets.pipeline.training.generation import EngineSettings, Generator
 
-            size = self.EvalPos.size
-            return Generator(self.leader.model, settings=EngineSettings(
-                max_seq_len=size, max_seqs=16, max_prefill_tokens=max(2048, size), max_stop_seqs=8),
+            return Generator(self.leader.model, settings=EngineSettings.for_length(self.EvalPos.size, 16,
+                                                                                  max_stop_seqs=8),
                 vocab_limit=len(self.tokenizer), tokenizer=self.tokenizer,
                 eos_ids=[self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [],
                 who="the evaluated model")

@@ -40,6 +40,7 @@ from marin_assets.pipeline.evals.token_scores import (
     ModelTokenizerError,
     TokenScorer,
     checkpoint_tokenizer,
+    document_start_id,
     token_scorer,
 )
 from marin_assets.pipeline.tokens.array_store import s3_arrays
@@ -203,7 +204,7 @@ def encode_with_bytes(tokenizer: Any, text: str, byte_offsets: np.ndarray,
                       who: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A document framed as training frames it — BOS (else EOS), the text's ids, EOS — with the bytes each id
     covers (from the tokenizer's character offsets; -1 where it covers none)."""
-    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    prefix = document_start_id(tokenizer)
     if prefix is None or tokenizer.eos_token_id is None:
         raise ModelTokenizerError(f"{who}: its tokenizer has no EOS token to end documents with")
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)

@@ -59,14 +59,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 def served(checkpoint: Checkpoint, *, host: str = "127.0.0.1", port: int = 0, model_name: str = "marin",
            max_seqs: int = 16, who: str = "the served model", start_timeout: float = 600.0) -> Iterator[Served]:
     """`checkpoint` behind Levanter's OpenAI-compatible server on `host:port` (0: a free port) while the block runs."""
-    import jax.numpy as jnp
     import uvicorn
-    from levanter.inference.engine import InferenceEngineConfig
     from levanter.inference.openai import InferenceServer, InferenceServerConfig
 
     from marin_assets.pipeline.evals.token_scores import token_scorer
     from marin_assets.pipeline.tokens.chat import DEFAULT_CHAT_TEMPLATE
-    from marin_assets.pipeline.training.generation import GenerationError, vocab_limited
+    from marin_assets.pipeline.training.generation import EngineSettings, GenerationError, vocab_limited
 
     port = port or free_port(host)
     with token_scorer(checkpoint, who) as scorer:
@@ -76,11 +74,7 @@ def served(checkpoint: Checkpoint, *, host: str = "127.0.0.1", port: int = 0, mo
         if not (hasattr(scorer.model, "decode") and hasattr(scorer.model, "initial_cache")):
             raise GenerationError(f"{who} ({type(scorer.model).__name__}) has no paged decode in Levanter: it cannot"
                                   " be served; Llama-family models can")
-        page = 16
-        service = InferenceEngineConfig(
-            max_seq_len=seq_len, page_size=page, max_pages=4 * max_seqs * -(-seq_len // page), max_seqs=max_seqs,
-            max_seqs_in_prefill=max_seqs, max_prefill_size=max(2048, seq_len), max_queued_tokens=max(64, max_seqs),
-            max_rounds=16, compute_dtype=jnp.float32)
+        service = EngineSettings.for_length(seq_len, max_seqs).engine_config()
         config = InferenceServerConfig(service=service, model_name=model_name, host=host, port=port)
         server = InferenceServer.create(config, vocab_limited(scorer.model, len(tokenizer)), tokenizer)
         app = RequestCheck(server.app, tokenizer, seq_len, model_name)
@@ -120,8 +114,10 @@ class RequestCheck:
 
     def __init__(self, app: Any, tokenizer: Any, seq_len: int, model_name: str) -> None:
         self.app, self.tokenizer, self.seq_len, self.model_name = app, tokenizer, seq_len, model_name
-        start = tokenizer.bos_token if tokenizer.bos_token_id is not None else tokenizer.eos_token
-        self.document_start = start or ""
+        from marin_assets.pipeline.evals.token_scores import document_start_id
+
+        start = document_start_id(tokenizer)
+        self.document_start = tokenizer.convert_ids_to_tokens(start) if start is not None else ""
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in COMPLETION_PATHS:

@@ -100,6 +100,11 @@ class TokenScorer:
         return [TokenScores(a, b, c) for a, b, c in zip(out_lp, out_h, out_top, strict=True)]
 
 
+def document_start_id(tokenizer: Any) -> int | None:
+    """The token training put before every document: BOS, else EOS (which ends the one before); None: neither."""
+    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+
 def checkpoint_tokenizer(checkpoint: Checkpoint, who: str) -> Any:
     """The checkpoint's tokenizer as a transformers fast tokenizer, or a `ModelTokenizerError` naming `who`."""
     try:

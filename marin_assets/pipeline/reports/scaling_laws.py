@@ -108,9 +108,7 @@ def huber_quadratic(x: Sequence[float], y: Sequence[float], delta: float | None 
         raise ScalingFitError(f"a quadratic needs three distinct x, got {sorted(set(xs.tolist()))}")
     if delta is not None and not delta > 0:
         raise ScalingFitError(f"the Huber threshold must be positive, got {delta}")
-    center = float(xs.mean())  # fitted in x − mean(x): log10 tokens of 5–7 make x², x and 1 nearly collinear
-    u = xs - center
-    design = np.column_stack([u**2, u, np.ones_like(u)])
+    center, design = _centered_design(xs)
     floor = 1e-12 * (1.0 + float(np.max(np.abs(ys))))  # residuals this small are rounding: the fit is exact there
     if delta is None and len(xs) < MIN_ROBUST_POINTS:
         a, b, c = (float(v) for v in np.linalg.lstsq(design, ys, rcond=None)[0])
@@ -134,6 +132,14 @@ def huber_quadratic(x: Sequence[float], y: Sequence[float], delta: float | None 
     a, b, c = (float(v) for v in coef)
     return RobustQuadratic(a=a, b=b - 2 * a * center, c=a * center**2 - b * center + c,
                            weights=tuple(float(w) for w in weights), delta=float(threshold), iterations=iterations)
+
+
+def _centered_design(xs: np.ndarray) -> tuple[float, np.ndarray]:
+    """The mean of x and the columns x², x, 1 of a quadratic in x − mean(x): log10 tokens of 5–7 make x², x and 1
+    nearly collinear."""
+    center = float(xs.mean())
+    u = xs - center
+    return center, np.column_stack([u**2, u, np.ones_like(u)])
 
 
 def _weighted_fit(design: np.ndarray, ys: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -174,13 +180,11 @@ def trimmed_quadratic(x: Sequence[float] | np.ndarray,
     xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     n = len(xs)
     h = n - (n - 3) // 2
-    center = float(xs.mean())
-    u = xs - center
-    design = np.column_stack([u**2, u, np.ones_like(u)])
+    _, design = _centered_design(xs)
     best: tuple[float, np.ndarray] | None = None
     for triple in itertools.combinations(range(n), 3):
         chosen = list(triple)
-        if len(np.unique(u[chosen])) < 3:
+        if len(np.unique(xs[chosen])) < 3:
             continue
         coef = np.linalg.solve(design[chosen], ys[chosen])
         residual = ys - design @ coef

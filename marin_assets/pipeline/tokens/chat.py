@@ -77,9 +77,9 @@ to stop) are its generation block, and nothing else of the turn is. Plain text h
 turn's end is EOS or the newline before the next header, so rendering a prefix tokenizes as the whole does."""
 
 
-def conversation_messages(record: Mapping[str, Any], where: str) -> list[dict[str, str]]:
-    """A record's conversation as OpenAI messages, checked: a list of turns, each with a known role and
-    non-blank text, at least one by the assistant (SFT learns from nothing else). `where`: `file, line N`."""
+def conversation_turns(record: Mapping[str, Any], where: str) -> list[dict[str, str]]:
+    """A record's conversation (OpenAI or ShareGPT form) as OpenAI messages, checked: a list of turns, each with a
+    known role and non-blank text. `where`: `file, line N`."""
     field = next((f for f in FORMS if record.get(f) is not None), None)
     if field is None:
         fields = ", ".join(repr(k) for k in list(record)[:12]) or "none"
@@ -89,8 +89,16 @@ def conversation_messages(record: Mapping[str, Any], where: str) -> list[dict[st
     role_key, text_key, roles = FORMS[field]
     if type(turns) is not list:
         raise DatasetError(f"{where}: {field!r} is {json_kind(turns)}, not a list of turns")
-    messages = checked_turns(turns, where, "turn", role_key, text_key, roles)
+    return checked_turns(turns, where, "turn", role_key, text_key, roles)
+
+
+def conversation_messages(record: Mapping[str, Any], where: str) -> list[dict[str, str]]:
+    """A record's conversation as checked OpenAI messages (`conversation_turns`), at least one by the assistant (SFT
+    learns from nothing else). `where`: `file, line N`."""
+    messages = conversation_turns(record, where)
     if not any(m["role"] == "assistant" for m in messages):
+        field = next(f for f in FORMS if record.get(f) is not None)
+        turns, role_key = record[field], FORMS[field][0]
         said = f"roles: {', '.join(dict.fromkeys(str(t[role_key]) for t in turns))}" if turns else "no turns"
         raise DatasetError(f"{where}: no assistant turn ({said}); SFT learns only from assistant turns")
     return messages

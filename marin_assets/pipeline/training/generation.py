@@ -103,10 +103,27 @@ class EngineSettings:
     max_stop_seqs: int = 4
     """Stop sequences per completion, EOS ids included."""
     max_pages: int | None = None
-    """KV-cache pages in all. None: four times what lets every sequence reach `max_seq_len`. With n > 1 samples (the
-    engine's clones) the engine needs more than that minimum ("Out of free pages during allocation", marin-levanter
-    0.2.227): 16 prompts of 24 tokens × 8 samples × 8 new tokens in 16-token pages failed with 2× and 3× the
-    minimum (512, 768 pages) and ran with 4× (1,024)."""
+    """KV-cache pages in all. None: four times what lets every sequence reach `max_seq_len` (n > 1 samples need more
+    than that minimum: `Generator._batches` sizes their batches to the pages)."""
+
+    @classmethod
+    def for_length(cls, seq_len: int, max_seqs: int = 32, **settings: Any) -> EngineSettings:
+        """Settings for a model of `seq_len` positions: a prefill holds a whole prompt of that length."""
+        return cls(max_seq_len=seq_len, max_seqs=max_seqs, max_prefill_tokens=max(2048, seq_len), **settings)
+
+    def engine_config(self) -> Any:
+        """Levanter's `InferenceEngineConfig` for these settings, in float32 (what the Generator and the server
+        build their engine from)."""
+        import jax.numpy as jnp
+        from levanter.inference.engine import InferenceEngineConfig
+
+        pages_per_seq = -(-self.max_seq_len // self.page_size)
+        return InferenceEngineConfig(
+            max_seq_len=self.max_seq_len, page_size=self.page_size,
+            max_pages=self.max_pages or 4 * self.max_seqs * pages_per_seq, max_seqs=self.max_seqs,
+            max_seqs_in_prefill=self.max_seqs, max_prefill_size=self.max_prefill_tokens,
+            max_queued_tokens=max(64, self.max_seqs), max_rounds=self.max_rounds, compute_dtype=jnp.float32,
+            max_stop_seqs=self.max_stop_seqs, max_stop_tokens=self.max_stop_tokens)
 
 
 def vocab_limited(model: Any, vocab_limit: int) -> Any:
@@ -148,8 +165,7 @@ class Generator:
         """`model`: a Levanter LM-head model with paged decode (`decode`, `initial_cache`: Llama's); `vocab_limit`:
         the tokenizer's size (ids past it are padding); `eos_ids`: tokens that end a completion; `tokenizer`:
         what turns stop texts into ids (a transformers tokenizer); `who` names the model in errors."""
-        import jax.numpy as jnp
-        from levanter.inference.engine import InferenceEngine, InferenceEngineConfig
+        from levanter.inference.engine import InferenceEngine
 
         if not (hasattr(model, "decode") and hasattr(model, "initial_cache")):
             raise GenerationError(f"{who} ({type(model).__name__}) has no paged decode in Levanter, so it cannot"
@@ -158,13 +174,7 @@ class Generator:
         self.eos_ids = tuple(int(t) for t in eos_ids)
         self.vocab_limit = vocab_limit if vocab_limit is not None else model.Vocab.size
         self.model = vocab_limited(model, self.vocab_limit)
-        s = settings
-        pages_per_seq = -(-s.max_seq_len // s.page_size)
-        self.config = InferenceEngineConfig(
-            max_seq_len=s.max_seq_len, page_size=s.page_size, max_pages=s.max_pages or 4 * s.max_seqs * pages_per_seq,
-            max_seqs=s.max_seqs, max_seqs_in_prefill=s.max_seqs, max_prefill_size=s.max_prefill_tokens,
-            max_queued_tokens=max(64, s.max_seqs), max_rounds=s.max_rounds, compute_dtype=jnp.float32,
-            max_stop_seqs=s.max_stop_seqs, max_stop_tokens=s.max_stop_tokens)
+        self.config = settings.engine_config()
         self.engine = InferenceEngine.from_model_with_config(self.model, _Detokenizer(tokenizer), self.config)
 
     def set_weights(self, model: Any) -> None:
