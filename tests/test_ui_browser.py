@@ -175,6 +175,17 @@ def tokenizer_restored(ui_server):
     tokenizer_json.write_bytes(kept)
 
 
+def shows_after_loading(page, text: str) -> bool:
+    """Whether `page` shows `text` once its requests have settled, else reload it. After "Reload definitions" the
+    UI may first draw the definitions it held before (a CI run once waited 60 s on an asset page showing the new
+    status beside the old description); a new load asks for them again."""
+    page.wait_for_load_state("networkidle")
+    if page.get_by_text(text).count():
+        return True
+    page.reload()
+    return False
+
+
 def materialize_button(page):
     # The button's accessible name includes its icon's label ("materialization Materialize").
     return page.locator("button").filter(has_text=re.compile(r"^Materialize$"))
@@ -308,7 +319,8 @@ def test_an_unsynced_asset_shows_which_attribute_changed(ui_server, report_as_ma
     assert "`title`: 'Hello' → 'Hello, again'" in node["description"]
     page.goto(f"{ui_server.base}/assets/hello/report")
     page.get_by_text(re.compile(r"^Unsynced")).first.wait_for()
-    page.get_by_text("Changed since the last materialization").first.wait_for()
+    wait_for(lambda: shows_after_loading(page, "Changed since the last materialization"),
+             "the asset page to show the new definition's description", timeout=300, interval=0)
     page.get_by_text("'Hello' → 'Hello, again'").first.wait_for()
     page.wait_for_load_state("networkidle")
     ui_server.shot("unsynced-asset.png")
