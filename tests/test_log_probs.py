@@ -2,7 +2,8 @@
 equals an independent forward pass of the exported model (numpy, as transformers computes Llama), for the
 checkpoint and for its export alike; the table has one row per scored token, in order; the hardest documents and
 tokens are the table's; the HTML colours each token by its log-prob; Dagster shows the record; bad input is refused
-naming the step."""
+naming the step. A document longer than the model is scored in sliding windows: every token is predicted from at
+least half the model's length (Levanter's windows overlapping by one token on request, under their old identity)."""
 
 import html
 import re
@@ -24,7 +25,7 @@ from marin_assets.pipeline.evals.log_probs import (
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep
 from marin_assets.pipeline.evals.token_scores import windows
 from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer
-from tests.support.looking_inside import MODEL, hf_llama_logits, log_softmax, looking_inside, materialized
+from tests.support.looking_inside import DEFAULT_CONTEXT, MODEL, looking_inside, materialized, sliding_log_probs
 
 MAX_DOCS = 12
 
@@ -37,8 +38,11 @@ def inside(tmp_path_factory):
                                        max_docs=MAX_DOCS)
         by_export = log_probs_step("evals/inside-log-probs-export", steps["export_bpe"], steps["tokenized_bpe"],
                                    max_docs=MAX_DOCS)
+        levanter = log_probs_step("evals/inside-log-probs-levanter", steps["export_bpe"], steps["tokenized_bpe"],
+                                  max_docs=MAX_DOCS, min_context=1)
         outcomes = {s.name: materialize_step(s, prefix=prefix) for s in (by_checkpoint, by_export)}
         yield SimpleNamespace(prefix=prefix, steps=steps, checkpoint=by_checkpoint, export=by_export,
+                              levanter=materialize_step(levanter, prefix=prefix),
                               outcomes=outcomes, tokenizer=load_hf_tokenizer(steps["tokenizer_bpe"].output_path),
                               documents=cached_documents(steps["tokenized_bpe"].output_path, MAX_DOCS))
 
@@ -55,26 +59,16 @@ def table_of(outcome):
     return pq.read_table(outcome.record.result["table_path"]).to_pandas()
 
 
-def direct_scores(folder: str, ids: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Log-probs and entropies of every token after the first by the numpy forward pass: a document longer than
-    the model's length in windows overlapping by one token, the context starting afresh in each."""
-    log_probs, entropies = [], []
-    start = 0
-    while start < len(ids) - 1:
-        window = ids[start:start + seq_len]
-        lp = log_softmax(hf_llama_logits(folder, window))
-        log_probs.append(lp[np.arange(len(window) - 1), window[1:]])
-        entropies.append(-(np.exp(lp) * lp).sum(-1)[:-1])
-        start += len(window) - 1
-    return np.concatenate(log_probs), np.concatenate(entropies)
-
-
 def test_log_probs_and_entropies_equal_a_direct_forward_pass(inside):
+    """Every token predicted from at least half the model's length (all of its document before it, near the start),
+    as a sliding-window forward pass predicts it."""
     export_folder = inside.steps["export_bpe"].output_path
-    assert any(len(ids) > MODEL.seq_len for ids in inside.documents), "no document needs a second window"
+    assert any(len(ids) > MODEL.seq_len + DEFAULT_CONTEXT for ids in inside.documents), "no document needs 3 windows"
     tables = {name: table_of(outcome) for name, outcome in inside.outcomes.items()}
     for d, ids in enumerate(inside.documents):
-        log_probs, entropies = direct_scores(export_folder, ids, MODEL.seq_len)
+        log_probs, entropies, contexts = sliding_log_probs(export_folder, ids, MODEL.seq_len,
+                                                           MODEL.seq_len - DEFAULT_CONTEXT)
+        assert (contexts >= np.minimum(DEFAULT_CONTEXT, np.arange(1, len(ids)))).all(), d
         for name, table in tables.items():
             rows = table[table.document == d]
             np.testing.assert_allclose(rows.log_prob.to_numpy(), log_probs, atol=2e-5, err_msg=f"{name} doc {d}")
@@ -86,14 +80,59 @@ def test_log_probs_and_entropies_equal_a_direct_forward_pass(inside):
         read_record(inside.steps["train_bpe"].output_path).result["checkpoint_steps"])
 
 
-def test_windows_predict_every_token_once():
-    assert windows(5, 128) == [(0, 5)]
-    assert windows(300, 128) == [(0, 128), (127, 255), (254, 300)]
-    assert windows(128, 128) == [(0, 128)] and windows(129, 128) == [(0, 128), (127, 129)]
+def test_windows_predict_every_token_once_from_at_least_the_stated_context():
+    assert windows(5, 128) == [(0, 5, 1)]
+    assert windows(300, 128) == [(0, 128, 1), (127, 255, 128), (254, 300, 255)]  # Levanter's: one token overlaps
+    assert windows(300, 128, 64) == [(0, 128, 1), (64, 192, 128), (128, 256, 192), (192, 300, 256)]
+    assert windows(128, 128) == [(0, 128, 1)] and windows(129, 128) == [(0, 128, 1), (127, 129, 128)]
     assert windows(1, 128) == [] and windows(0, 128) == []
-    for length in (2, 127, 128, 129, 255, 256, 1000):
-        predicted = [p for start, end in windows(length, 128) for p in range(start + 1, end)]
-        assert predicted == list(range(1, length)), length
+    for context in (1, 2, 64, 100, 127):
+        for length in (2, 127, 128, 129, 255, 256, 1000):
+            spans = windows(length, 128, context)
+            predicted = [t for _, end, first in spans for t in range(first, end)]
+            assert predicted == list(range(1, length)), (context, length)
+            assert all(end - start <= 128 and t - start >= min(context, t)
+                       for start, end, first in spans for t in range(first, end)), (context, length)
+    for bad in (0, 128, 200):
+        with pytest.raises(ValueError, match=r"min_context must be at least 1 and below the model's length"):
+            windows(300, 128, bad)
+
+
+def test_levanters_one_token_overlap_is_still_there_and_keeps_its_identity(inside):
+    """`min_context=1`: Levanter's windows, the first token of each predicted from one token, and the identity every
+    log-probs step had before the setting existed (pinned from that code); the default is another identity."""
+    from marin_assets.experiments import tiny_stories
+    from marin_assets.pipeline.evals.perplexity_gap import perplexity_gap_step
+
+    folder = inside.steps["export_bpe"].output_path
+    levanter, table = inside.levanter.record.result, table_of(inside.levanter)
+    default = table_of(inside.outcomes[inside.export.name])
+    assert levanter["min_context"] == 1
+    assert inside.outcomes[inside.export.name].record.result["min_context"] == DEFAULT_CONTEXT
+    starts = {"one token": [], "half the length": []}
+    for d, ids in enumerate(inside.documents):
+        log_probs, entropies, contexts = sliding_log_probs(folder, ids, MODEL.seq_len, MODEL.seq_len - 1)
+        rows = table[table.document == d]
+        np.testing.assert_allclose(rows.log_prob.to_numpy(), log_probs, atol=2e-5, err_msg=f"doc {d}")
+        np.testing.assert_allclose(rows.entropy.to_numpy(), entropies, atol=2e-5, err_msg=f"doc {d}")
+        window_starts = np.flatnonzero(contexts == 1)[1:]  # a window's first token (the document's own is not one)
+        starts["one token"] += rows.log_prob.to_numpy()[window_starts].tolist()
+        starts["half the length"] += default[default.document == d].log_prob.to_numpy()[window_starts].tolist()
+    assert len(starts["one token"]) >= 2
+    assert not np.allclose(starts["one token"], starts["half the length"], atol=1e-3)  # other contexts, other values
+    print({k: (len(v), round(float(np.mean(v)), 4)) for k, v in starts.items()})
+
+    pipeline = tiny_stories.build()
+    train, tokenized = pipeline["train"], pipeline["tokenized"]
+    pinned = {  # made by the code before `min_context` existed (commit cd9f8a7)
+        "evals/pinned-log-probs_41bfd44b": log_probs_step("evals/pinned-log-probs", train, tokenized, max_docs=4,
+                                                          min_context=1),
+        "evals/pinned-gap_6a37565c": perplexity_gap_step("evals/pinned-gap", train, pipeline["export"],
+                                                         {"stories": pipeline["corpus"]}, max_docs=4, min_context=1),
+        "evals/pinned-lp-every/step-50_75185c3c": log_probs_checkpoint_evals(
+            "evals/pinned-lp-every", train, tokenized, max_docs=4, min_context=1).step(50)}
+    assert {name: step.name_with_hash for name, step in pinned.items()} == {name: name for name in pinned}
+    assert log_probs_step("evals/pinned-log-probs", train, tokenized, max_docs=4).name_with_hash not in pinned
 
 
 def test_the_table_has_one_row_per_scored_token_in_order(inside):
@@ -215,6 +254,22 @@ def test_max_docs_must_be_a_positive_count(inside, max_docs):
         log_probs_step("evals/bad", inside.steps["train_bpe"], inside.steps["tokenized_bpe"], max_docs=max_docs)
 
 
+@pytest.mark.parametrize("min_context", [0, -1, True, 2.5, "half"])
+def test_min_context_must_be_a_positive_count(inside, min_context):
+    with pytest.raises(StepDefinitionError, match=r"step 'evals/bad': min_context must be a positive number of"):
+        log_probs_step("evals/bad", inside.steps["train_bpe"], inside.steps["tokenized_bpe"], min_context=min_context)
+
+
+def test_a_context_as_long_as_the_model_fails_naming_the_model_and_the_step(inside):
+    step = log_probs_step("evals/inside-log-probs-too-long", inside.steps["train_bpe"], inside.steps["tokenized_bpe"],
+                          max_docs=2, min_context=MODEL.seq_len)
+    with pytest.raises(LogProbsError) as caught:
+        materialize_step(step, prefix=inside.prefix)
+    text = full_text(caught.value)
+    assert f"min_context must be at least 1 and below the model's length ({MODEL.seq_len} tokens), got 128" in text
+    assert "step 'evals/inside-log-probs-too-long'" in text and "the model " in text
+
+
 def test_a_step_that_is_not_a_model_is_refused(inside):
     with pytest.raises(StepDefinitionError, match=r"step 'evals/bad': step 'tokenizers/inside-bpe' is not a model"
                                                   r" \(a training step, an export of one, or a model from the Hub\)"):
@@ -248,7 +303,8 @@ def test_every_checkpoint_and_the_export_are_one_kind_of_evaluation(inside):
     assert isinstance(family, CheckpointEvals) and family.eval_kind == inside.checkpoint.eval_kind
     partition = family.step(1)
     assert list(partition.deps) == [cache] and partition.hash_attrs["checkpoint_step"] == 1
-    assert inside.checkpoint.hash_attrs == {"max_docs": MAX_DOCS, "split": "validation", "checkpoint_step": None}
+    assert inside.checkpoint.hash_attrs == {"max_docs": MAX_DOCS, "split": "validation",
+                                            "min_context": "half the model's length", "checkpoint_step": None}
     assert list(inside.export.deps) == [train, cache, inside.steps["export_bpe"]]
     assert inside.export.hash != inside.checkpoint.hash
     assert log_probs_step("evals/x", train, cache, max_docs=3).hash != log_probs_step("evals/x", train, cache).hash

@@ -25,7 +25,14 @@ from marin_assets.pipeline.evals.perplexity_gap import (
 )
 from marin_assets.pipeline.evals.token_scores import ModelTokenizerError
 from marin_assets.pipeline.tokens.tokenizer import load_hf_tokenizer
-from tests.support.looking_inside import MODEL, build, hf_llama_logits, log_softmax, materialized, shared_prefix
+from tests.support.looking_inside import (
+    DEFAULT_CONTEXT,
+    MODEL,
+    build,
+    materialized,
+    shared_prefix,
+    sliding_log_probs,
+)
 
 LOG2E = float(np.log2(np.e))
 MAX_DOCS = 8
@@ -75,22 +82,19 @@ def cut(text: str) -> str:
 
 
 def direct(folder: str, tokenizer, text: str) -> dict:
-    """One model's losses on one document by the numpy forward pass of its export (windows of the model's length
-    overlapping by one token): the loss of every predicted token, and whether it covers text."""
+    """One model's losses on one document by the numpy forward pass of its export (sliding windows of the model's
+    length, every token predicted from at least half of it): the loss of every predicted token, and whether it
+    covers text."""
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     first = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     ids = np.array([first, *encoded.input_ids, tokenizer.eos_token_id])
     covers = np.array([end > start for start, end in encoded.offset_mapping] + [False])
-    losses, start = [], 0
-    while start < len(ids) - 1:
-        window = ids[start:start + MODEL.seq_len]
-        lp = log_softmax(hf_llama_logits(folder, window))
-        losses.append(-lp[np.arange(len(window) - 1), window[1:]])
-        start += len(window) - 1
+    log_probs, _, contexts = sliding_log_probs(folder, ids, MODEL.seq_len, MODEL.seq_len - DEFAULT_CONTEXT)
+    assert (contexts >= np.minimum(DEFAULT_CONTEXT, np.arange(1, len(ids)))).all()
     covered = np.zeros(len(text.encode()), bool)
     for (start, end) in encoded.offset_mapping:
         covered[len(text[:start].encode()):len(text[:end].encode())] = True
-    return {"losses": np.concatenate(losses), "covers": covers, "ids": ids, "uncovered": int((~covered).sum())}
+    return {"losses": -log_probs, "covers": covers, "ids": ids, "uncovered": int((~covered).sum())}
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +110,7 @@ def test_the_bytes_carry_each_models_loss_exactly_and_bpb_is_the_direct_one(gap,
     result = gap.result
     assert result["documents"] == 2 * MAX_DOCS and set(result["sets"]) == {"docs", "unicode"}
     assert any(len(doc["a"]["ids"]) > MODEL.seq_len for doc in directly["docs"]), "no document needs two windows"
+    assert result["model_a_min_context"] == result["model_b_min_context"] == DEFAULT_CONTEXT
     assert not all(t.isascii() for t in gap.texts["unicode"])
     total_bytes = 0
     for name, docs in directly.items():

@@ -132,3 +132,32 @@ def log_softmax(logits):
     """Natural-log probabilities over the last axis, stably."""
     top = logits.max(-1, keepdims=True)
     return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
+DEFAULT_CONTEXT = MODEL.seq_len // 2
+"""The context every token gets by default: half the model's length."""
+
+
+def sliding_log_probs(folder: str, ids, seq_len: int, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Log-probs and entropies of every token after the first by the numpy forward pass, in Hugging Face's
+    sliding-window recipe (written here apart from the project's `windows`): windows of `seq_len` starting every
+    `stride` tokens, each scoring the tokens the one before did not reach. Also each token's context: how many tokens
+    its window held before it. `stride = seq_len - 1` is Levanter's windows overlapping by one token."""
+    ids = np.asarray(ids)
+    log_probs, entropies, contexts = [], [], []
+    scored_to = 1  # the next token to score (the first has nothing to predict it)
+    for begin in range(0, len(ids), stride):
+        end = min(begin + seq_len, len(ids))
+        if end > scored_to:
+            window = ids[begin:end]
+            lp = log_softmax(hf_llama_logits(folder, window))
+            rows = np.arange(scored_to - begin - 1, end - begin - 1)  # row j predicts the window's token j + 1
+            log_probs.append(lp[rows, window[rows + 1]])
+            entropies.append(-(np.exp(lp[rows]) * lp[rows]).sum(-1))
+            contexts.append(rows + 1)
+            scored_to = end
+        if end == len(ids):
+            break
+    if not log_probs:
+        return np.zeros(0), np.zeros(0), np.zeros(0, int)
+    return np.concatenate(log_probs), np.concatenate(entropies), np.concatenate(contexts)

@@ -2,7 +2,8 @@
 
 For the first `max_docs` documents of a tokenized validation cache (documents as cached: BOS, the text's ids,
 EOS), every token after the first gets the log-probability the checkpoint gave it and the entropy of the
-next-token distribution it was drawn from (`token_scores.py`). Written as a parquet table (one row per scored
+next-token distribution it was drawn from (`token_scores.py`), predicted from at least `min_context` tokens (default
+half the model's length) when a document is longer than the model. Written as a parquet table (one row per scored
 token), an HTML page of the documents coloured by log-prob — Levanter's own `visualize_log_probs` view (each
 token a span coloured by its log-prob; its tooltip the value and the model's most likely token there) — and a
 record holding the hardest documents (lowest mean log-prob per token) and the hardest tokens (lowest mean
@@ -32,7 +33,14 @@ from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.evals.models import model_ref
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
-from marin_assets.pipeline.evals.token_scores import checkpoint_tokenizer, token_scorer
+from marin_assets.pipeline.evals.token_scores import (
+    LEVANTER_CONTEXT,
+    checked_context,
+    checkpoint_tokenizer,
+    context_identity,
+    stated_context,
+    token_scorer,
+)
 from marin_assets.pipeline.tokens.array_store import s3_arrays
 from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep, tokenizer_fingerprint
 from marin_assets.pipeline.training.export import checkpoint_step_of
@@ -85,6 +93,9 @@ class LogProbsResult:
     """The hardest documents as a short markdown table, for the UI."""
     seconds: float
     """Scoring time, the model loaded."""
+    min_context: int = LEVANTER_CONTEXT
+    """Tokens every scored token was predicted from at least (all of its document before it, near the start); 1:
+    Levanter's windows overlapping by one token (every record written before the setting existed)."""
 
 
 def token_texts(tokenizer: Any, ids: Sequence[int] | np.ndarray) -> list[str]:
@@ -106,12 +117,14 @@ def _token_name(tokenizer: Any, token_id: int) -> str:
 
 def token_log_probs(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_path: str, cache_split: str,
                     max_docs: int, vocab_size: int | None = None, platform: str | None = None,
-                    batch_size: int = 8) -> LogProbsResult:
+                    batch_size: int = 8, min_context: int | None = None) -> LogProbsResult:
     """Log-prob and entropy of every token of the first `max_docs` documents of a Levanter cache split
     (`cache_split`: `{cache}/validation`), under a Levanter checkpoint or Hugging Face folder.
 
     Writes `log_probs.parquet` and `log_probs.html` under `output_path`. `vocab_size`: rows of the model's
-    embedding (None: as a fresh training run sizes it); `platform`: the JAX platform (None: JAX's choice)."""
+    embedding (None: as a fresh training run sizes it); `platform`: the JAX platform (None: JAX's choice);
+    `min_context`: tokens every token is predicted from at least in a document longer than the model (None: half
+    the model's length; 1: Levanter's windows overlapping by one token)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -119,6 +132,10 @@ def token_log_probs(output_path: str, checkpoint: str, model: ModelSpec, tokeniz
 
     if max_docs <= 0:
         raise LogProbsError(f"max_docs must be positive, got {max_docs}")
+    try:
+        context = stated_context(min_context, model.seq_len)
+    except ValueError as e:
+        raise LogProbsError(f"the model {checkpoint}: {e}") from None
     with s3_arrays([checkpoint, output_path, cache_split]):
         cache = lc.load_cache(cache_split, {"input_ids": np.zeros((0,), dtype=np.int32)})
         count = min(len(cache), max_docs)
@@ -128,7 +145,7 @@ def token_log_probs(output_path: str, checkpoint: str, model: ModelSpec, tokeniz
         where = Checkpoint(checkpoint, model, tokenizer_path, vocab_size, platform)
         with token_scorer(where, f"the model {checkpoint}", batch_size) as scorer:
             started = time.monotonic()
-            scores = scorer.score(documents)
+            scores = scorer.score(documents, context)
             seconds = round(time.monotonic() - started, 2)
         tokenizer = scorer.tokenizer
         texts = [token_texts(tokenizer, ids) for ids in documents]
@@ -148,7 +165,7 @@ def token_log_probs(output_path: str, checkpoint: str, model: ModelSpec, tokeniz
         table_path, html_path = join_path(output_path, TABLE_FILE), join_path(output_path, HTML_FILE)
         with open_file(table_path, "wb") as f:
             pq.write_table(table, f)
-        _write_html(html_path, tokenizer, texts, scores, checkpoint, cache_split)
+        _write_html(html_path, tokenizer, texts, scores, checkpoint, cache_split, context)
 
     log_probs = np.concatenate([s.log_probs for s in scores])
     entropies = np.concatenate([s.entropies for s in scores])
@@ -158,7 +175,7 @@ def token_log_probs(output_path: str, checkpoint: str, model: ModelSpec, tokeniz
     return LogProbsResult(
         checkpoint, checkpoint_step_of(checkpoint), count, int(log_probs.size), float(log_probs.mean()),
         float(-log_probs.mean()), float(entropies.mean()), hardest, hardest_tokens(texts, documents, scores, tokenizer),
-        table_path, html_path, _preview_markdown(hardest), seconds)
+        table_path, html_path, _preview_markdown(hardest), seconds, context)
 
 
 def hardest_documents(texts: Sequence[Sequence[str]], documents: Sequence[np.ndarray], scores: Sequence[Any],
@@ -194,7 +211,7 @@ def hardest_tokens(texts: Sequence[Sequence[str]], documents: Sequence[np.ndarra
 
 
 def _write_html(path: str, tokenizer: Any, texts: Sequence[Sequence[str]], scores: Sequence[Any], checkpoint: str,
-                cache_split: str) -> None:
+                cache_split: str, min_context: int) -> None:
     """Levanter's log-prob view of the documents (`levanter.analysis.visualize_log_probs`): each token a span
     coloured by its log-prob, its tooltip the value and the model's top token there; the unscored first token of
     each document shows with log-prob 0. A heading says what was scored."""
@@ -216,7 +233,8 @@ def _write_html(path: str, tokenizer: Any, texts: Sequence[Sequence[str]], score
     heading = (f"<h3 style='font-family: sans-serif'>Log-probs of {html.escape(checkpoint)} on"
                f" {html.escape(cache_split)}: {len(texts)} documents</h3><p style='font-family: sans-serif'>Each token"
                " is coloured by the log-probability the model gave it (clear: likely; red: unlikely); hover for the"
-               " value and the model's most likely token there.</p>")
+               f" value and the model's most likely token there. Every token was predicted from at least"
+               f" {min_context} tokens before it (or its whole document before it).</p>")
     with open_file(path, "w") as f:
         f.write(page.replace("<body>", "<body>" + heading, 1))
 
@@ -253,11 +271,13 @@ class LogProbsEval:
     """Documents scored, the split's first."""
     split: str = "validation"
     batch_size: int = 8
+    min_context: int | None = None
+    """Tokens every token is predicted from at least (None: half the model's length; 1: Levanter's windows)."""
     tags: ClassVar[tuple[str, ...]] = ("levanter", "jax")
     function: ClassVar[Callable[..., Any]] = staticmethod(token_log_probs)
 
     def identity(self) -> dict[str, Any]:
-        return {"max_docs": self.max_docs, "split": self.split}
+        return {"max_docs": self.max_docs, "split": self.split, **context_identity(self.min_context)}
 
     @property
     def deps(self) -> list[Step]:
@@ -279,7 +299,7 @@ class LogProbsEval:
                                 f" {checkpoint.tokenizer_path}: its ids would be read as other tokens")
         return token_log_probs(output_path, checkpoint.path, checkpoint.model, checkpoint.tokenizer_path,
                                join_path(cache.path, self.split), self.max_docs, checkpoint.vocab_size,
-                               checkpoint.platform, self.batch_size)
+                               checkpoint.platform, self.batch_size, self.min_context)
 
     def checks(self) -> list[Check]:
         return [Check("every_token_scored", every_token_scored, "Tokens were scored, every log-prob finite.")]
@@ -299,7 +319,8 @@ class LogProbsEval:
         return {"token_mean_log_prob": result["mean_log_prob"], "token_mean_entropy": result["mean_entropy"]}
 
 
-def _kind(where: str, validation: Step, max_docs: int, split: str, batch_size: int) -> LogProbsEval:
+def _kind(where: str, validation: Step, max_docs: int, split: str, batch_size: int,
+          min_context: int | None) -> LogProbsEval:
     if not isinstance(validation, Step):
         raise StepDefinitionError(f"{where}: validation {validation!r} is not a step (a tokenize_step's cache)")
     if isinstance(validation, TokenizeStep) and validation.chat:
@@ -308,30 +329,36 @@ def _kind(where: str, validation: Step, max_docs: int, split: str, batch_size: i
         raise StepDefinitionError(f"{where}: max_docs must be a positive number of documents, got {max_docs!r}")
     if batch_size <= 0:
         raise StepDefinitionError(f"{where}: batch_size must be positive, got {batch_size}")
-    return LogProbsEval(validation, max_docs, split, batch_size)
+    checked_context(where, min_context)
+    return LogProbsEval(validation, max_docs, split, batch_size, min_context)
+
 
 
 def log_probs_step(name: str, model: Step, validation: Step, max_docs: int = 32, checkpoint_step: int | None = None,
                    split: str = "validation", batch_size: int = 8, gpu: float = 0,
-                   gpu_type: str | None = None) -> EvalStep:
+                   gpu_type: str | None = None, min_context: int | None = None) -> EvalStep:
     """Per-token log-prob and entropy of `model` — a training step (its checkpoint `checkpoint_step`, default the
     last), an export step or a model from the Hub (`hf_model_step`, `hf_to_levanter_step`) — on the first `max_docs`
     documents of `validation` (a tokenized cache made with the model's tokenizer): a parquet table, the hardest
-    documents and tokens, and a coloured HTML view.
+    documents and tokens, and a coloured HTML view. A document longer than the model is scored in sliding windows
+    in which every token sees at least `min_context` tokens (None: half the model's length; 1: Levanter's windows
+    overlapping by one token, where each window's first token sees one).
 
-    Identity: `max_docs`, `split`, `checkpoint_step` (and `model`, `validation`); not `batch_size`, `gpu` nor
-    `gpu_type`.
+    Identity: `max_docs`, `split`, `min_context` unless 1, `checkpoint_step` (and `model`, `validation`); not
+    `batch_size`, `gpu` nor `gpu_type`.
     """
     where = f"step {name!r}"
-    kind = _kind(where, validation, max_docs, split, batch_size)
+    kind = _kind(where, validation, max_docs, split, batch_size, min_context)
     ref = model_ref(where, model, checkpoint_step)
     return eval_step(name, kind, ref.train, ref.checkpoint_step, export=ref.export, gpu=gpu, gpu_type=gpu_type)
 
 
 def log_probs_checkpoint_evals(name: str, train: TrainStep, validation: Step, max_docs: int = 32,
-                               split: str = "validation") -> CheckpointEvals:
+                               split: str = "validation", min_context: int | None = None) -> CheckpointEvals:
     """Per-token log-probs of every checkpoint of `train` on `validation`, as each lands (one partition each).
 
-    Identity: each checkpoint's step's: `max_docs`, `split`, the checkpoint (and `train`, `validation`).
+    Identity: each checkpoint's step's: `max_docs`, `split`, `min_context` unless 1, the checkpoint (and `train`,
+    `validation`).
     """
-    return CheckpointEvals(name, train, _kind(f"checkpoint evaluations {name!r}", validation, max_docs, split, 8))
+    return CheckpointEvals(name, train, _kind(f"checkpoint evaluations {name!r}", validation, max_docs, split, 8,
+                                              min_context))

@@ -1,13 +1,14 @@
 """The perplexity gap: where two models differ, byte by byte, on raw text — whatever their tokenizers.
 
-Each model tokenizes each document itself (its BOS — else its EOS, the token training put before a document —
-then the text's ids, then EOS) and scores it (`token_scores.py`). Every predicted token's loss is spread evenly
-over the bytes of text it covers (a token inside a character shares the character's bytes with the others of it),
-so both models' losses land on the same bytes and compare whatever the tokenization: per document, per set and
-per kind of text. The attribution is exact: a set's per-byte losses sum to the model's loss on the tokens that
-cover text; the loss of tokens that cover none (the end of document, special tokens) is reported beside it and,
-as in Levanter's `perplexity_gap`, not in bits per byte. Bytes a tokenizer drops (a normalizer collapsing
-whitespace) carry no loss for that model and are counted (`uncovered_bytes`).
+Each model tokenizes each document itself (its BOS — else its EOS, the token training put before a document — then
+the text's ids, then EOS) and scores it (`token_scores.py`: a document longer than the model in sliding windows,
+every token predicted from at least `min_context` tokens, default half the model's length). Every predicted token's
+loss is spread evenly over the bytes of text it covers (a token inside a character shares the character's bytes with
+the others of it), so both models' losses land on the same bytes and compare whatever the tokenization: per
+document, per set and per kind of text. The attribution is exact: a set's per-byte losses sum to the model's loss on
+the tokens that cover text; the loss of tokens that cover none (the end of document, special tokens) is reported
+beside it and, as in Levanter's `perplexity_gap`, not in bits per byte. Bytes a tokenizer drops (a normalizer
+collapsing whitespace) carry no loss for that model and are counted (`uncovered_bytes`).
 
 The kinds of text, the worst documents and segments, the literals and the report are Levanter's
 (`levanter.analysis.perplexity_gap`: `GapReportBuilder`, its segment buckets — words, numbers, punctuation, URLs,
@@ -37,10 +38,14 @@ from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.evals.models import ModelRef, model_ref
 from marin_assets.pipeline.evals.steps import CheckpointEvals, EvalStep, eval_step
 from marin_assets.pipeline.evals.token_scores import (
+    LEVANTER_CONTEXT,
     ModelTokenizerError,
     TokenScorer,
+    checked_context,
     checkpoint_tokenizer,
+    context_identity,
     document_start_id,
+    stated_context,
     token_scorer,
 )
 from marin_assets.pipeline.tokens.array_store import s3_arrays
@@ -198,6 +203,11 @@ class PerplexityGapResult:
     """The sets and the largest gaps as a short markdown table, for the UI."""
     seconds: float
     """Scoring time of both models."""
+    model_a_min_context: int = LEVANTER_CONTEXT
+    """Tokens model A predicted every token from at least (all of its document before it, near the start); 1:
+    Levanter's windows overlapping by one token (every record written before the setting existed)."""
+    model_b_min_context: int = LEVANTER_CONTEXT
+    """Model B's (half of each model's own length by default: the two can differ)."""
 
 
 def encode_with_bytes(tokenizer: Any, text: str, byte_offsets: np.ndarray,
@@ -233,8 +243,9 @@ def spread_over_bytes(num_bytes: int, starts: np.ndarray, ends: np.ndarray,
     return np.cumsum(density[:-1]), float(losses[~covering].sum()), uncovered
 
 
-def score_bytes(scorer: TokenScorer, texts: Sequence[str], who: str) -> list[ByteScores]:
-    """One model's loss on each text, spread over the text's bytes."""
+def score_bytes(scorer: TokenScorer, texts: Sequence[str], who: str, min_context: int) -> list[ByteScores]:
+    """One model's loss on each text, spread over the text's bytes, every token predicted from at least
+    `min_context` tokens."""
     from levanter.analysis.perplexity_gap import char_to_byte_offsets
 
     encoded: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
@@ -242,7 +253,7 @@ def score_bytes(scorer: TokenScorer, texts: Sequence[str], who: str) -> list[Byt
         offsets = char_to_byte_offsets(text)
         ids, starts, ends = encode_with_bytes(scorer.tokenizer, text, offsets, who)
         encoded.append((int(offsets[-1]), ids, starts, ends))
-    scored = scorer.score([ids for _, ids, _, _ in encoded])
+    scored = scorer.score([ids for _, ids, _, _ in encoded], min_context)
     out = []
     for (num_bytes, ids, starts, ends), scores in zip(encoded, scored, strict=True):
         if not np.isfinite(scores.log_probs).all():
@@ -274,9 +285,12 @@ def read_documents(name: str, text_files: TextFiles, max_docs: int, max_doc_byte
 
 
 def perplexity_gap(output_path: str, model_a: Checkpoint, model_b: Checkpoint, sets: Mapping[str, TextFiles],
-                   max_docs: int = 256, max_doc_bytes: int = 32_768, batch_size: int = 8) -> PerplexityGapResult:
+                   max_docs: int = 256, max_doc_bytes: int = 32_768, batch_size: int = 8,
+                   min_context: int | None = None) -> PerplexityGapResult:
     """Per-byte loss of two checkpoints (Levanter checkpoints or Hugging Face folders, each with its own tokenizer)
-    on the first `max_docs` documents of each set (cut to `max_doc_bytes` bytes), compared byte by byte.
+    on the first `max_docs` documents of each set (cut to `max_doc_bytes` bytes), compared byte by byte; every token
+    predicted from at least `min_context` tokens (None: half each model's length; 1: Levanter's windows overlapping
+    by one token).
 
     Writes Levanter's `report.md`, `summary.json` and `worst_documents.jsonl` under `output_path`."""
     from levanter.analysis.perplexity_gap import (
@@ -292,8 +306,13 @@ def perplexity_gap(output_path: str, model_a: Checkpoint, model_b: Checkpoint, s
     if max_docs <= 0 or max_doc_bytes <= 0:
         raise PerplexityGapError(f"max_docs and max_doc_bytes must be positive, got {max_docs} and {max_doc_bytes}")
     documents = {name: read_documents(name, files, max_docs, max_doc_bytes) for name, files in sets.items()}
+    contexts = {}
     for who, checkpoint in (("model_a", model_a), ("model_b", model_b)):  # both before either model loads
         checkpoint_tokenizer(checkpoint, who)
+        try:
+            contexts[who] = stated_context(min_context, checkpoint.model.seq_len)
+        except ValueError as e:
+            raise PerplexityGapError(f"{who} ({checkpoint.path}): {e}") from None
     builder = GapReportBuilder(model_a_name=model_a.path, model_b_name=model_b.path, output_path=output_path)
     totals = {name: _Totals() for name in sets}
     with s3_arrays([model_a.path, model_b.path, output_path]), contextlib.ExitStack() as stack:
@@ -303,8 +322,8 @@ def perplexity_gap(output_path: str, model_a: Checkpoint, model_b: Checkpoint, s
         for name, docs in documents.items():
             for batch in _batches(docs, DOCUMENTS_PER_BATCH):
                 texts = [d.text for d in batch]
-                scored_a = score_bytes(scorer_a, texts, "model_a")
-                scored_b = score_bytes(scorer_b, texts, "model_b")
+                scored_a = score_bytes(scorer_a, texts, "model_a", contexts["model_a"])
+                scored_b = score_bytes(scorer_b, texts, "model_b", contexts["model_b"])
                 for doc, a, b in zip(batch, scored_a, scored_b, strict=True):
                     totals[name].documents += 1
                     totals[name].bytes += len(a.per_byte)
@@ -341,7 +360,8 @@ def perplexity_gap(output_path: str, model_a: Checkpoint, model_b: Checkpoint, s
         [_document_row(r) for r in summary["top_documents"]["model_b_worse"][:TOP_ROWS]],
         [_literal_row(r) for r in summary["top_literals"]["model_a_worse"][:TOP_ROWS]],
         [_literal_row(r) for r in summary["top_literals"]["model_b_worse"][:TOP_ROWS]],
-        report_path, _preview_markdown(set_rows, summary["top_documents"]), seconds)
+        report_path, _preview_markdown(set_rows, summary["top_documents"]), seconds, contexts["model_a"],
+        contexts["model_b"])
 
 
 def _batches(items: Sequence[Document], size: int) -> Iterator[Sequence[Document]]:
@@ -411,13 +431,15 @@ class PerplexityGapEval:
     max_doc_bytes: int = 32_768
     """Each document cut to this many bytes."""
     batch_size: int = 8
+    min_context: int | None = None
+    """Tokens every token is predicted from at least (None: half each model's length; 1: Levanter's windows)."""
     tags: ClassVar[tuple[str, ...]] = ("levanter", "jax")
     function: ClassVar[Callable[..., Any]] = staticmethod(perplexity_gap)
 
     def identity(self) -> dict[str, Any]:
         return {"model_b": {"step": self.reference.step.name, **self.reference.identity()},
                 "sets": {name: s.identity() for name, s in sorted(self.sets.items())},
-                "max_docs": self.max_docs, "max_doc_bytes": self.max_doc_bytes}
+                "max_docs": self.max_docs, "max_doc_bytes": self.max_doc_bytes, **context_identity(self.min_context)}
 
     @property
     def deps(self) -> list[Step]:
@@ -430,7 +452,7 @@ class PerplexityGapEval:
     def evaluate(self, output_path: str, checkpoint: Checkpoint) -> PerplexityGapResult:
         return perplexity_gap(output_path, checkpoint, self.reference.checkpoint(checkpoint.platform),
                               {name: s.text_files() for name, s in sorted(self.sets.items())}, self.max_docs,
-                              self.max_doc_bytes, self.batch_size)
+                              self.max_doc_bytes, self.batch_size, self.min_context)
 
     def checks(self) -> list[Check]:
         return [every_set_compared(sorted(self.sets))]
@@ -470,36 +492,43 @@ def text_sets(where: str, sets: Mapping[str, Step | TextSet]) -> dict[str, TextS
 
 
 def _kind(where: str, reference: ModelRef, sets: Mapping[str, Step | TextSet], max_docs: int, max_doc_bytes: int,
-          batch_size: int) -> PerplexityGapEval:
+          batch_size: int, min_context: int | None) -> PerplexityGapEval:
     for label, value in (("max_docs", max_docs), ("max_doc_bytes", max_doc_bytes), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise StepDefinitionError(f"{where}: {label} must be a positive number, got {value!r}")
-    return PerplexityGapEval(reference, text_sets(where, sets), max_docs, max_doc_bytes, batch_size)
+    checked_context(where, min_context)
+    return PerplexityGapEval(reference, text_sets(where, sets), max_docs, max_doc_bytes, batch_size, min_context)
 
 
 def perplexity_gap_step(name: str, model_a: Step, model_b: Step, sets: Mapping[str, Step | TextSet],
                         max_docs: int = 256, max_doc_bytes: int = 32_768, checkpoint_step: int | None = None,
-                        batch_size: int = 8, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
+                        batch_size: int = 8, gpu: float = 0, gpu_type: str | None = None,
+                        min_context: int | None = None) -> EvalStep:
     """Where `model_a` and `model_b` — each a training step (its last checkpoint; `checkpoint_step` picks model A's),
     an export step or a model from the Hub, each with its own tokenizer — differ byte by byte on raw text: `sets` maps
     names to dataset steps (their validation split) or `TextSet`s (`suite_text_sets(suite)` for a validation suite).
+    A document longer than a model is scored in sliding windows in which every token sees at least `min_context`
+    tokens (None: half the model's length; 1: Levanter's windows overlapping by one token).
 
     Identity: `model_b` and how it is read, `sets` (each one's dataset and how it is read), `max_docs`,
-    `max_doc_bytes`, `checkpoint_step` (and `model_a`); not `batch_size`, `gpu` nor `gpu_type`.
+    `max_doc_bytes`, `min_context` unless 1, `checkpoint_step` (and `model_a`); not `batch_size`, `gpu` nor
+    `gpu_type`.
     """
     where = f"step {name!r}"
     a, b = model_ref(where, model_a, checkpoint_step), model_ref(where, model_b)
-    kind = _kind(where, b, sets, max_docs, max_doc_bytes, batch_size)
+    kind = _kind(where, b, sets, max_docs, max_doc_bytes, batch_size, min_context)
     return eval_step(name, kind, a.train, a.checkpoint_step, export=a.export, gpu=gpu, gpu_type=gpu_type)
 
 
 def perplexity_gap_checkpoint_evals(name: str, train: TrainStep, reference: Step, sets: Mapping[str, Step | TextSet],
-                                    max_docs: int = 256, max_doc_bytes: int = 32_768) -> CheckpointEvals:
+                                    max_docs: int = 256, max_doc_bytes: int = 32_768,
+                                    min_context: int | None = None) -> CheckpointEvals:
     """The gap of every checkpoint of `train` to `reference` (a training or export step, a model from the Hub), as
     each lands.
 
-    Identity: each checkpoint's step's: `reference`, `sets`, `max_docs`, `max_doc_bytes`, the checkpoint (and
-    `train`).
+    Identity: each checkpoint's step's: `reference`, `sets`, `max_docs`, `max_doc_bytes`, `min_context` unless 1,
+    the checkpoint (and `train`).
     """
     where = f"checkpoint evaluations {name!r}"
-    return CheckpointEvals(name, train, _kind(where, model_ref(where, reference), sets, max_docs, max_doc_bytes, 8))
+    return CheckpointEvals(name, train, _kind(where, model_ref(where, reference), sets, max_docs, max_doc_bytes, 8,
+                                              min_context))

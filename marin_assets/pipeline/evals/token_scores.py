@@ -4,9 +4,12 @@ log-probs evaluation (`log_probs.py`) and the perplexity gap (`perplexity_gap.py
 
 The model is loaded with Levanter's public `levanter.model_loading` (a Levanter checkpoint or a Hugging Face
 folder, as every evaluation loads it) and scored in fixed `[batch, seq_len]` blocks, so it compiles once. A
-sequence longer than the model's length is scored in windows that overlap by one token (Levanter's
-`perplexity_gap` chunking): every token is predicted exactly once, with the context restarting at each window.
-Levanter and JAX are imported inside functions.
+sequence longer than the model's length is scored in sliding windows (`windows`): every token is predicted exactly
+once, from at least `min_context` tokens before it (or all of its document before it, near the start). The default
+is half the model's length, which costs about twice the forward passes of Levanter's `perplexity_gap` chunking
+(windows overlapping by one token, `min_context=1`, still available): there the first token of every window is
+predicted from one token, a spike at each window start that belongs to the method, not the model. Levanter and JAX
+are imported inside functions.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from marin_assets.core.step import StepDefinitionError
 from marin_assets.pipeline.evals.kind import Checkpoint
 from marin_assets.pipeline.tokens.tokenizer import TokenizerError, load_hf_tokenizer, model_vocab_size
 from marin_assets.pipeline.training.export import is_hf_model
@@ -45,16 +49,52 @@ class TokenScores:
     """int32: the id the model found most likely at position i."""
 
 
-def windows(length: int, seq_len: int) -> list[tuple[int, int]]:
-    """`[start, end)` windows of at most `seq_len` tokens covering a sequence of `length`, each starting on the
-    last token of the one before: every token after the first is predicted once."""
+LEVANTER_CONTEXT = 1
+"""The `min_context` of Levanter's `perplexity_gap` chunking: windows overlapping by one token."""
+
+
+def stated_context(min_context: int | None, seq_len: int) -> int:
+    """The context every scored token gets from a model of `seq_len` tokens: `min_context`, or half the model's
+    length when None; a `ValueError` unless it leaves the window at least one token to score."""
+    context = seq_len // 2 if min_context is None else min_context
+    if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context < seq_len:
+        raise ValueError(f"min_context must be at least 1 and below the model's length ({seq_len} tokens), got"
+                         f" {min_context!r}")
+    return context
+
+
+def context_identity(min_context: int | None) -> dict[str, Any]:
+    """What a scoring step's identity says about its windows: nothing for Levanter's one-token overlap (what every
+    step scored before the setting existed, so those outputs keep their paths), else the stated context."""
+    if min_context == LEVANTER_CONTEXT:
+        return {}
+    return {"min_context": "half the model's length" if min_context is None else min_context}
+
+
+def checked_context(where: str, min_context: int | None) -> None:
+    """A `StepDefinitionError` unless `min_context` is None or a positive number of tokens (the model's length,
+    which bounds it, is checked when the model is loaded)."""
+    if min_context is not None and (isinstance(min_context, bool) or not isinstance(min_context, int)
+                                    or min_context < 1):
+        raise StepDefinitionError(f"{where}: min_context must be a positive number of tokens (or None: half the"
+                                  f" model's length), got {min_context!r}")
+
+
+def windows(length: int, seq_len: int, min_context: int = LEVANTER_CONTEXT) -> list[tuple[int, int, int]]:
+    """`(start, end, first)` per window of a sequence of `length`: the model reads tokens `[start, end)` (at most
+    `seq_len`) and scores tokens `first … end - 1` from it, each with at least `min_context` tokens before it in the
+    window (all of them near the sequence's start). Every token after the first is scored exactly once; the window
+    moves by `seq_len - min_context` tokens (Hugging Face's sliding-window perplexity with that stride;
+    `min_context=1`: Levanter's windows overlapping by one token)."""
     if seq_len < 2:
         raise ValueError(f"a model scoring windows needs a length of at least 2, got {seq_len}")
-    spans, start = [], 0
-    while start < length - 1:
+    context = stated_context(min_context, seq_len)
+    spans, first = [], 1
+    while first < length:
+        start = max(first - context, 0)
         end = min(start + seq_len, length)
-        spans.append((start, end))
-        start = end - 1
+        spans.append((start, end, first))
+        first = end
     return spans
 
 
@@ -74,27 +114,35 @@ class TokenScorer:
         """The loaded Levanter model, in inference mode (what a `Generator` writes with)."""
         return self._model
 
-    def score(self, sequences: Sequence[np.ndarray]) -> list[TokenScores]:
-        """Scores of each sequence of token ids (a sequence of n ids gets n - 1 scores)."""
+    def context(self, min_context: int | None) -> int:
+        """The context `score` gives every token for `min_context` (None: half the model's length)."""
+        return stated_context(min_context, self.seq_len)
+
+    def score(self, sequences: Sequence[np.ndarray], min_context: int | None = None) -> list[TokenScores]:
+        """Scores of each sequence of token ids (a sequence of n ids gets n - 1 scores), every token predicted from at
+        least `self.context(min_context)` tokens before it (`windows`)."""
         import haliax as hax
         import jax
 
-        pieces = [(i, start, end) for i, ids in enumerate(sequences) for start, end in windows(len(ids), self.seq_len)]
+        context = self.context(min_context)
+        pieces = [(i, start, end, first) for i, ids in enumerate(sequences)
+                  for start, end, first in windows(len(ids), self.seq_len, context)]
         out_lp = [np.zeros(max(len(s) - 1, 0), np.float32) for s in sequences]
         out_h = [np.zeros(max(len(s) - 1, 0), np.float32) for s in sequences]
         out_top = [np.zeros(max(len(s) - 1, 0), np.int32) for s in sequences]
         for first in range(0, len(pieces), self.batch_size):
             block = pieces[first:first + self.batch_size]
             tokens = np.full((self.batch_size, self.seq_len), self._pad, dtype=np.int32)
-            for row, (i, start, end) in enumerate(block):
+            for row, (i, start, end, _) in enumerate(block):
                 tokens[row, :end - start] = sequences[i][start:end]
             named = hax.named(jax.numpy.asarray(tokens), (self._Batch, self._Pos))
             lp, h, top = (np.asarray(jax.device_get(a)) for a in self._forward(self._model, named))
-            for row, (i, start, end) in enumerate(block):
-                n = end - start - 1
-                out_lp[i][start:start + n] = lp[row, :n]
-                out_h[i][start:start + n] = h[row, :n]
-                out_top[i][start:start + n] = top[row, :n]
+            for row, (i, start, end, first) in enumerate(block):
+                # entry j of a window is about its token j + 1; entry t - 1 of a sequence's scores about token t
+                read = slice(first - start - 1, end - start - 1)
+                out_lp[i][first - 1:end - 1] = lp[row, read]
+                out_h[i][first - 1:end - 1] = h[row, read]
+                out_top[i][first - 1:end - 1] = top[row, read]
             if (first // self.batch_size) % 50 == 49:
                 logger.info("scored %d of %d windows", first + len(block), len(pieces))
         return [TokenScores(a, b, c) for a, b, c in zip(out_lp, out_h, out_top, strict=True)]
