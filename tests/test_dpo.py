@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import dagster as dg
 import numpy as np
 import pytest
+from scipy.stats import binomtest
 
 from marin_assets import StepDefinitionError, build_definitions, load_result, materialize_step
 from marin_assets.core.checks import run_check
@@ -73,9 +74,16 @@ def test_dpo_learns_the_held_out_preferences_and_records_them_as_curves(built):
     for chosen, rejected, margin in zip(dpo.validation_chosen_reward_curve, dpo.validation_rejected_reward_curve,
                                         dpo.validation_margin_curve, strict=True):
         assert margin[1] == pytest.approx(chosen[1] - rejected[1])
-    # Held out: the implicit reward prefers the chosen answer of most new pairs, with a positive margin.
+    # Held out, against the model it started from: the implicit reward's accuracy is the fraction of new pairs whose
+    # chosen-minus-rejected log-prob the tuned model raised above the starting model's (at the start every pair is a
+    # tie). Were DPO no better than a random nudge of the weights, raised and lowered would be even odds: a sign
+    # test says how unlikely the count is then.
     assert dpo.validation_pairs == HELD_OUT_PAIRS
-    assert dpo.final_validation_accuracy > 0.5 and dpo.final_validation_margin > 0, dpo
+    started = built.p.result(reference_step_of(built.d.dpo), ReferenceLogprobs).splits["validation"].logprob_accuracy
+    assert dpo.reference_logprob_accuracy["validation"] == started
+    raised = round(dpo.final_validation_accuracy * HELD_OUT_PAIRS)
+    assert binomtest(raised, HELD_OUT_PAIRS, 0.5, alternative="greater").pvalue < 0.01, dpo
+    assert dpo.final_validation_margin > 0, dpo
     assert dpo.final_validation_loss < math.log(2) and result.final_eval_loss == dpo.final_validation_loss
     assert [p[0] for p in result.eval_curve] == evaluated
     assert set(dpo.reference_logprob_accuracy) == {"train", "validation"}

@@ -5,7 +5,8 @@ made for a tiny pipeline (`make_outputs.py` there): a corpus, a tokenizer, a con
 training run with a checkpoint and Levanter's own Hugging Face export of it. The steps' identities did not change
 with the Levanter upgrade (nothing in them names Levanter, and the caches' token ids come from our encoders), so
 the same definitions find these outputs cached; this test proves they may: the new Levanter exports the old
-checkpoint bit for bit as the old one did, and evaluates the old run on the old cache.
+checkpoint bit for bit as the old one did, and evaluates the old run on the old cache to the loss the old stack
+recorded for it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from marin_assets import materialize_step
+from marin_assets.core.record import read_record
 from marin_assets.experiments import tiny_stories
+from marin_assets.pipeline.evals.loss import evaluate_lm
 from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
 from tests.support.helpers import FAST
 
@@ -57,5 +61,16 @@ def test_old_outputs_are_cached_and_readable(tmp_path):
         assert np.array_equal(ours[name], theirs[name]), name
 
     evaluated = materialize_step(pipeline["evaluate"], prefix=str(prefix), settings=FAST).record.result
-    loss = evaluated["per_dataset"]["stories"]["loss"]
-    assert 0 < loss < np.log(400)  # the old run learned something: below a uniform guess over its vocabulary
+    assert evaluated["step"] == 5 and np.isfinite(evaluated["per_dataset"]["stories"]["loss"])
+
+    # The old checkpoint evaluated by the new stack on the batches the old run evaluated it on at its last step
+    # (its eval: 2 batches of 4): the loss the old stack recorded.
+    old_run = read_record(train.output_path_under(str(prefix))).result
+    recorded = dict(old_run["eval_curve"])[5]
+    assert old_run["eval_losses"]["stories"] == recorded
+    now = evaluate_lm(str(tmp_path / "again"), evaluated["checkpoint"], TINY,
+                      pipeline["tokenizer"].output_path_under(str(prefix)),
+                      {"stories": pipeline["tokenized"].output_path_under(str(prefix))},
+                      max_eval_batches=SHORT.max_eval_batches, batch_size=SHORT.train_batch_size)
+    assert now.per_dataset["stories"]["loss"] == pytest.approx(recorded, rel=1e-5, abs=0)
+    assert now.loss == pytest.approx(old_run["final_eval_loss"], rel=1e-5, abs=0)
