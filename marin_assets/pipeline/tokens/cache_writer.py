@@ -30,15 +30,16 @@ from marin_assets.execution.fanout import fan_out
 from marin_assets.pipeline.data.readers import format_of, iter_text_batches
 from marin_assets.pipeline.tokens import levanter_cache as lc
 from marin_assets.pipeline.tokens.array_store import s3_arrays
-from marin_assets.pipeline.tokens.encoders import encoder
+from marin_assets.pipeline.tokens.encoders import FAST_BACKENDS, encoder
 
 BATCH_CHARACTERS = 1 << 20
 """Texts are encoded by `tokenizers` in batches of about this many characters (its encodings hold ~80 bytes per
 token)."""
 COMPACT_BATCH_CHARACTERS = 1 << 22
-"""Texts are encoded by fastokens in batches of about this many characters (~1 M tokens, 4 MB of ids): its two
-threads wait at the end of every batch for the one holding its largest document, and each call has a fixed cost;
-on real source files (cl100k) the step took ~10 % less CPU with 4 MB batches than with 1 MB ones (issue 28)."""
+"""Texts are encoded by gigatoken or fastokens in batches of about this many characters (~1 M tokens, 4 MB of
+ids): their threads wait at the end of every batch for the one holding its largest document, and each call has a
+fixed cost; on real source files (cl100k) the step took ~10 % less CPU with 4 MB batches than with 1 MB ones with
+fastokens (issue 28)."""
 WRITE_TOKENS = 1 << 21
 """The writer appends to the arrays once at least this many tokens are waiting (`write_threshold`), across file
 ends: each append costs ~20 ms of CPU whatever its size (it recompresses the offsets' first chunk twice and the
@@ -257,7 +258,7 @@ class _Pipeline:
         self.encoder, self.stopped = encoder, False
         self.failure: dict[str, BaseException] = {}
         self.batches: queue.Queue = queue.Queue(maxsize=4)
-        compact = encoder.backend == "fastokens" and encoder.framing.style != "levanter"
+        compact = encoder.backend in FAST_BACKENDS and encoder.framing.style != "levanter"
         self.tokenized: queue.Queue = queue.Queue(maxsize=TOKENIZED_AHEAD)
         characters = COMPACT_BATCH_CHARACTERS if compact else BATCH_CHARACTERS
         self._reader = threading.Thread(target=self._read, args=(todo, text_field, text_format, characters),

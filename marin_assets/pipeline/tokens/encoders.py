@@ -1,15 +1,17 @@
-"""Texts → token ids, exactly and fast: document framing, two backends, and the parity check between them.
+"""Texts → token ids, exactly and fast: document framing, three backends, and the parity check between them.
 
 Framing is explicit: a document is encoded *without* special tokens, then its BOS/EOS are added as
 ids. (Levanter's BatchTokenizer instead appends EOS as text, `text + " " + eos`: one spurious space
 token per document with byte-level BPEs.) The framing is part of a cache's identity; `levanter` keeps
 Levanter's own framing for caches meant to be shared with existing Marin/Levanter runs.
 
-Two backends produce the same ids: Hugging Face `tokenizers` (the reference: the object transformers
-and Levanter use) and `fastokens` (Rust, Hugging Face parity, ids returned as one buffer with no
-Python int per token; ~10× faster on a 100k-vocabulary BPE). fastokens is used only when it loads the
-tokenizer and agrees with `tokenizers` on a sample of the input; the choice and its reason are
-recorded (and a tokenizer fastokens refuses is tried once per process). Ids always travel as numpy arrays:
+Three backends produce the same ids: Hugging Face `tokenizers` (the reference: the object transformers
+and Levanter use), `gigatoken` (Rust, byte-level and SentencePiece BPE, OpenAI's encodings from their
+`.tiktoken` files; ids as one flat buffer and offsets; the fastest) and `fastokens` (Rust, Hugging Face
+parity, ids returned as one buffer with no Python int per token; ~10× faster than `tokenizers` on a
+100k-vocabulary BPE). The first of gigatoken and fastokens that loads the tokenizer and agrees with
+`tokenizers` id for id on a sample of the input is used, else `tokenizers`; the choice and its reason are
+recorded (and a tokenizer a backend refuses is tried once per process). Ids always travel as numpy arrays:
 `(ids, ends)`, `ends[i]` = end of document i in `ids`. `Encoder.start` / `Encoder.assemble` split an encode into
 the Rust call and the array work after it, so that a pipeline runs them on two threads.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +29,14 @@ import numpy as np
 
 from marin_assets.core.files import read_bytes
 from marin_assets.core.paths import join_path
-from marin_assets.pipeline.tokens.tokenizer import TokenizerError, load_hf_tokenizer
+from marin_assets.pipeline.tokens.tokenizer import TokenizerError, load_hf_tokenizer, openai_rank_files
 
 FRAMINGS = ("bos_eos", "eos", "levanter")
 """`bos_eos`: BOS id (if the tokenizer has a BOS token) + tokens + EOS id; `eos`: tokens + EOS id;
 `levanter`: exactly what Levanter's BatchTokenizer makes (its cache format for shared Marin caches)."""
-BACKENDS = ("auto", "fastokens", "tokenizers")
+BACKENDS = ("auto", "gigatoken", "fastokens", "tokenizers")
+FAST_BACKENDS = ("gigatoken", "fastokens")
+"""Tried in this order by `auto`: each only where it loads the tokenizer and agrees with `tokenizers`."""
 PARITY_PROBES = ("", " ", "  \n\n\t x", "Hello, world! 12345 678 3.14", "naïve café — 東京 🤖 Ωμέγα",
                  "don't I'll we've THEY'RE", "    indented\n        code()\n")
 """Texts added to every parity sample: whitespace runs, digits, contractions and non-Latin scripts,
@@ -139,6 +144,56 @@ def _fastokens_or_refusal(tokenizer_path: str) -> tuple[Any, Exception | None]:
         return None, e
 
 
+def _gigatoken(tokenizer_path: str) -> Any:
+    """gigatoken's tokenizer for a folder, or the error it refused it with (raised again on every call)."""
+    loaded, refusal = _gigatoken_or_refusal(tokenizer_path)
+    if refusal is not None:
+        raise refusal.with_traceback(None)
+    return loaded
+
+
+@functools.lru_cache(maxsize=8)
+def _gigatoken_or_refusal(tokenizer_path: str) -> tuple[Any, Exception | None]:
+    """Loaded once per process and folder, a refusal included: from an OpenAI encoding's `.tiktoken` ranks when the
+    folder holds one (gigatoken's own loader: transformers' conversion of those encodings' split regex, with
+    possessive quantifiers, is one gigatoken refuses), else from `tokenizer.json`."""
+    import gigatoken
+
+    from marin_assets.pipeline.data.text_files import local_copy_of
+
+    try:
+        with local_copy_of(tokenizer_path) as local:
+            ranks = openai_rank_files(local)
+            if ranks:  # the file's name says which encoding it is
+                return gigatoken.Tokenizer.from_tiktoken(os.path.join(local, ranks[0])), None
+            if not os.path.exists(os.path.join(local, "tokenizer.json")):
+                raise TokenizerError(f"no tokenizer.json in {tokenizer_path}")
+            return gigatoken.Tokenizer(os.path.join(local, "tokenizer.json")), None
+    except Exception as e:  # noqa: BLE001 — any refusal means: try the next backend
+        return None, e
+
+
+def _gigatoken_raw(tokenizer_path: str, texts: Sequence[str]) -> Any:
+    """gigatoken's ids of `texts` (an awkward array: one flat buffer and offsets; the GIL is released)."""
+    return _gigatoken(tokenizer_path).encode_batch(list(texts))
+
+
+def _gigatoken_flat(encoded: Any) -> tuple[np.ndarray, np.ndarray]:
+    """gigatoken's buffers as arrays without a copy: ids stay uint32 (framing casts them once), ends from 0."""
+    import awkward as ak
+
+    layout = ak.to_layout(encoded)
+    offsets = np.asarray(layout.offsets.data).astype(np.int64, copy=False)
+    ids = np.asarray(layout.content.data)
+    return ids[offsets[0]:offsets[-1]] if len(offsets) else ids[:0], offsets[1:] - offsets[0]
+
+
+def encode_gigatoken(tokenizer_path: str, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Unframed ids of `texts` by gigatoken."""
+    ids, ends = _gigatoken_flat(_gigatoken_raw(tokenizer_path, texts))
+    return ids.astype(np.int32), ends
+
+
 def _tokenizers_raw(tokenizer_path: str, texts: Sequence[str]) -> list[Any]:
     """`tokenizers`' encodings of `texts` (`encode_batch_fast` skips the offsets; the GIL is released)."""
     rust = _reference(tokenizer_path)
@@ -173,9 +228,11 @@ def encode_fastokens(tokenizer_path: str, texts: Sequence[str]) -> tuple[np.ndar
     return ids.astype(np.int32), ends
 
 
-ENCODERS = {"tokenizers": encode_tokenizers, "fastokens": encode_fastokens}
+ENCODERS = {"tokenizers": encode_tokenizers, "fastokens": encode_fastokens, "gigatoken": encode_gigatoken}
 _STAGES: dict[str, tuple[Callable[[str, Sequence[str]], Any], Callable[[Any], tuple[np.ndarray, np.ndarray]]]] = {
-    "tokenizers": (_tokenizers_raw, _tokenizers_flat), "fastokens": (_fastokens_raw, _fastokens_flat)}
+    "tokenizers": (_tokenizers_raw, _tokenizers_flat), "fastokens": (_fastokens_raw, _fastokens_flat),
+    "gigatoken": (_gigatoken_raw, _gigatoken_flat)}
+_LOADERS: dict[str, Callable[[str], Any]] = {"gigatoken": _gigatoken, "fastokens": _fastokens}
 """Each backend in two stages: the Rust call (GIL released) and turning its output into arrays (Python and
 numpy work), so that a pipeline can run the second stage of one batch while the first runs on the next."""
 
@@ -189,36 +246,41 @@ class BackendChoice:
 
 
 def choose_backend(tokenizer_path: str, sample: Sequence[str], requested: str = "auto") -> BackendChoice:
-    """fastokens where it loads and matches `tokenizers` id for id on `sample` (plus probes); else `tokenizers`.
+    """The first of gigatoken and fastokens that loads the tokenizer and matches `tokenizers` id for id on `sample`
+    (plus probes); else `tokenizers`. The reason names every backend passed over and why.
 
-    `requested="tokenizers"` skips fastokens; `requested="fastokens"` insists on it (an error if it
-    cannot load the tokenizer; a disagreement is recorded, not hidden).
+    `requested="tokenizers"` skips both; `requested="gigatoken"` or `"fastokens"` insists on that one (an error if
+    it cannot load the tokenizer; a disagreement is recorded, not hidden).
     """
     if requested not in BACKENDS:
         raise ValueError(f"unknown tokenize backend {requested!r}; choose one of {', '.join(BACKENDS)}")
     if requested == "tokenizers":
         return BackendChoice("tokenizers", "requested")
-    try:
-        _fastokens(tokenizer_path)
-    except Exception as e:  # noqa: BLE001 — any refusal means: use the reference
-        if requested == "fastokens":
-            raise BackendError(f"fastokens cannot load the tokenizer at {tokenizer_path}: {e}") from None
-        return BackendChoice("tokenizers", f"fastokens cannot load this tokenizer ({_first_line(e)})")
     texts = list(PARITY_PROBES) + [t for t in sample]
-    disagreement, tokens = parity_difference(tokenizer_path, texts)
-    if disagreement is None:
-        return BackendChoice("fastokens", f"fastokens agrees with tokenizers on {len(texts)} sample documents"
-                                          f" ({tokens} tokens)")
-    if requested == "fastokens":
-        return BackendChoice("fastokens", f"requested, although it disagrees with tokenizers: {disagreement}")
-    return BackendChoice("tokenizers", f"fastokens disagrees with tokenizers: {disagreement}")
+    passed_over = []
+    for backend in FAST_BACKENDS if requested == "auto" else (requested,):
+        try:
+            _LOADERS[backend](tokenizer_path)
+        except Exception as e:  # noqa: BLE001 — any refusal means: the next backend
+            if requested == backend:
+                raise BackendError(f"{backend} cannot load the tokenizer at {tokenizer_path}: {e}") from None
+            passed_over.append(f"{backend} cannot load this tokenizer ({_first_line(e)})")
+            continue
+        disagreement, tokens = parity_difference(tokenizer_path, texts, backend)
+        if disagreement is None:
+            agrees = f"{backend} agrees with tokenizers on {len(texts)} sample documents ({tokens} tokens)"
+            return BackendChoice(backend, "; ".join([*passed_over, agrees]))
+        if requested == backend:
+            return BackendChoice(backend, f"requested, although it disagrees with tokenizers: {disagreement}")
+        passed_over.append(f"{backend} disagrees with tokenizers: {disagreement}")
+    return BackendChoice("tokenizers", "; ".join(passed_over))
 
 
-def parity_difference(tokenizer_path: str, texts: Sequence[str]) -> tuple[str | None, int]:
-    """Where fastokens' ids first differ from `tokenizers`' on `texts` (None: identical), and how many
-    tokens `tokenizers` made."""
+def parity_difference(tokenizer_path: str, texts: Sequence[str], backend: str = "fastokens") -> tuple[str | None, int]:
+    """Where `backend`'s ids first differ from `tokenizers`' on `texts` (None: identical), and how many tokens
+    `tokenizers` made."""
     ref_ids, ref_ends = encode_tokenizers(tokenizer_path, texts)
-    fast_ids, fast_ends = encode_fastokens(tokenizer_path, texts)
+    fast_ids, fast_ends = ENCODERS[backend](tokenizer_path, texts)
     if np.array_equal(ref_ends, fast_ends) and np.array_equal(ref_ids, fast_ids):
         return None, len(ref_ids)
     ref_starts, fast_starts = np.diff(ref_ends, prepend=0), np.diff(fast_ends, prepend=0)
@@ -228,7 +290,7 @@ def parity_difference(tokenizer_path: str, texts: Sequence[str]) -> tuple[str | 
         if not np.array_equal(a, b):
             at = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
             return (f"document {i} of the sample ({text[:40]!r}…): at token {at}, tokenizers gives"
-                    f" {a[at:at + 3].tolist()}, fastokens {b[at:at + 3].tolist()}"), len(ref_ids)
+                    f" {a[at:at + 3].tolist()}, {backend} {b[at:at + 3].tolist()}"), len(ref_ids)
     return "the batches differ", len(ref_ids)
 
 

@@ -12,8 +12,8 @@ pipeline whose workers ask for 32 GiB each. The writing — files into a cache, 
 empty documents dropped and counted — is `cache_writer.py`'s.
 
 Documents are framed with BOS/EOS *ids* (`encoders.py`), and ids never become Python ints on the
-fast path: fastokens (when it agrees with Hugging Face `tokenizers` on a sample of this input)
-returns one buffer per batch, framed with numpy and written to the cache as a prepared batch.
+fast path: gigatoken or fastokens (the first that agrees with Hugging Face `tokenizers` on a sample of this
+input) returns one buffer per batch, framed with numpy and written to the cache as a prepared batch.
 A cache is tied to its tokenizer and framing: extending a cache built otherwise is refused.
 Levanter is reached only through `levanter_cache` and only inside functions.
 """
@@ -43,7 +43,15 @@ from marin_assets.core.step import Resources, Step, StepDefinitionError, made_by
 from marin_assets.pipeline.data.text_files import DatasetError, expand_files, find_splits, iter_text_batches
 from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
 from marin_assets.pipeline.tokens.cache_writer import CacheCounts, finished_counts, tokenize_files, tokenize_split
-from marin_assets.pipeline.tokens.encoders import BACKENDS, FRAMINGS, Framing, choose_backend, encoder, hf_tokenizer
+from marin_assets.pipeline.tokens.encoders import (
+    BACKENDS,
+    FAST_BACKENDS,
+    FRAMINGS,
+    Framing,
+    choose_backend,
+    encoder,
+    hf_tokenizer,
+)
 from marin_assets.pipeline.tokens.token_estimates import tokenize_estimate
 from marin_assets.pipeline.tokens.tokenizer import largest_token_id
 
@@ -92,7 +100,7 @@ class TokenizedCache:
     framing: Framing | None = None
     """The ids around every document (None in records made before framing was explicit)."""
     backend: str = ""
-    """`fastokens` or `tokenizers`: which implementation produced the ids."""
+    """`gigatoken`, `fastokens` or `tokenizers`: which implementation produced the ids."""
     backend_reason: str = ""
     """Why that backend: the parity check's outcome, or the user's request."""
     text_format: str = "auto"
@@ -350,11 +358,11 @@ def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, l
     `tokenizer`'s folder.
 
     `framing` (see `encoders.FRAMINGS`) enters identity, and so does `config` when given. `backend` does
-    not when it is `auto` (fastokens is used only where it matches `tokenizers` id for id) or `tokenizers`
-    (the reference); forcing `fastokens` does, since then ids may differ.
+    not when it is `auto` (gigatoken or fastokens is used only where it matches `tokenizers` id for id) or
+    `tokenizers` (the reference); forcing `gigatoken` or `fastokens` does, since then ids may differ.
 
     Identity: `splits`, `config` (when given), `text_field`, `text_format`, `framing`, `backend` (when forced to
-    fastokens) (and `dataset`, `tokenizer`); not `workers` nor `cpu`.
+    gigatoken or fastokens) (and `dataset`, `tokenizer`); not `workers` nor `cpu`.
     """
     if framing not in FRAMINGS or backend not in BACKENDS:
         raise StepDefinitionError(f"tokenize step {name!r}: framing must be one of {FRAMINGS} (got {framing!r})"
@@ -362,7 +370,7 @@ def tokenize_step(name: str, dataset: Step, tokenizer: Step, splits: dict[str, l
     chosen, hash_attrs = splits_identity(f"tokenize step {name!r}", splits, config)
     hash_attrs.update({"text_field": text_field, "text_format": text_format, "framing": framing,
                        "format": "levanter-cache-v2"})
-    if backend == "fastokens":
+    if backend in FAST_BACKENDS:
         hash_attrs["backend"] = backend
     return TokenizeStep(
         name=name,

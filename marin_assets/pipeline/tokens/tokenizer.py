@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -102,24 +103,40 @@ def adopt_tokenizer(output_path: str, name_or_path: str, revision: str | None = 
     """Copy an existing tokenizer (a local folder, or a hub name in the local HF cache) into the output."""
     from transformers import AutoTokenizer
 
-    try:
-        with local_copy_of(name_or_path) if "://" in name_or_path else contextlib.nullcontext(name_or_path) as source:
+    with local_copy_of(name_or_path) if "://" in name_or_path else contextlib.nullcontext(name_or_path) as source:
+        try:
             _require_tokenizer_files(source, name_or_path)
             # A language model reads only input ids: tokenizers that also return token_type_ids (BERT-style
             # defaults) would make Levanter expect a second array in every cache.
             tokenizer = AutoTokenizer.from_pretrained(source, revision=revision,
                                                       model_input_names=["input_ids", "attention_mask"])
-    except TokenizerError:
-        raise
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise TokenizerError(f"tokenizer {name_or_path!r} does not load: {_brief(e)}") from None
-    if getattr(tokenizer, "backend_tokenizer", None) is None:
-        raise TokenizerError(f"tokenizer {name_or_path!r} loads only as a slow (Python) tokenizer; tokenizing needs"
-                             " its fast form (a tokenizer.json): convert it with transformers and adopt that folder")
-    with local_dir_for(output_path) as local:
-        tokenizer.save_pretrained(local)
+        except TokenizerError:
+            raise
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise TokenizerError(f"tokenizer {name_or_path!r} does not load: {_brief(e)}") from None
+        if getattr(tokenizer, "backend_tokenizer", None) is None:
+            raise TokenizerError(f"tokenizer {name_or_path!r} loads only as a slow (Python) tokenizer; tokenizing"
+                                 " needs its fast form (a tokenizer.json): convert it with transformers and adopt"
+                                 " that folder")
+        with local_dir_for(output_path) as local:
+            tokenizer.save_pretrained(local)
+            for name in openai_rank_files(source):  # what gigatoken loads an OpenAI encoding from
+                shutil.copyfile(os.path.join(source, name), os.path.join(local, name))
     return TokenizerInfo(output_path, largest_token_id(tokenizer) + 1, tokenizer.eos_token or "", name_or_path,
                          bos_token=tokenizer.bos_token, tokens=len(tokenizer))
+
+
+OPENAI_ENCODINGS = ("cl100k_base", "o200k_base", "p50k_base", "r50k_base")
+"""OpenAI encodings whose `.tiktoken` rank files an adopted tokenizer keeps beside its `tokenizer.json`: gigatoken
+loads them by name (their split regex and special tokens are known from it)."""
+
+
+def openai_rank_files(folder: str) -> list[str]:
+    """The OpenAI encodings' rank files (`cl100k_base.tiktoken`, …) in a local folder (none for a hub name)."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(n for n in os.listdir(folder) if n.removesuffix(".tiktoken") in OPENAI_ENCODINGS
+                  and n.endswith(".tiktoken"))
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "vocab.txt",
