@@ -240,16 +240,34 @@ def test_dagster_serves_the_run_with_its_preference_curves(built, local_ray, dag
                   "train_chosen_reward_curve", "validation_rejected_reward_curve"):
         assert isinstance(metadata[f"result.method_metrics.{curve}"], dg.MarkdownMetadataValue), curve  # a plot
         assert metadata[f"result.method_metrics.{curve}"].value.startswith("![")
-    assert metadata["result.method_metrics.final_validation_accuracy"].value > 0.5
+    trained = load_result(d.dpo, TrainResult).dpo
+    assert metadata["result.method_metrics.final_validation_accuracy"].value == trained.final_validation_accuracy
     assert metadata["result.method"].value == "dpo"
     scored = events["reference-logprobs/checkpoints-dpo--tokenized-prefs"]
     assert scored.metadata["cached"].value is False and os.path.isdir(scored.metadata["output_path"].value)
     # The tuned model scored on the held-out pairs by the step, from its last checkpoint, agrees with what the run
     # measured at its last evaluation.
     tuned_result = load_result(tuned, ReferenceLogprobs)
-    trained = load_result(d.dpo, TrainResult).dpo
     assert tuned_result.splits["validation"].logprob_accuracy == pytest.approx(
         trained.final_validation_logprob_accuracy)
+    # Pair by pair against the starting model (the reference step's log-probs): the pairs whose margin the tuned
+    # model raised are the run's held-out accuracy, and on average it raised the margin.
+    from marin_assets.pipeline.training.dpo.levanter_dpo import read_reference_cache
+
+    start_result = load_result(reference_step_of(d.dpo), ReferenceLogprobs)
+    start = start_result.splits["validation"]
+    margins = {}
+    for who, logprobs in (("start", start_result), ("tuned", tuned_result)):
+        chosen, rejected = read_reference_cache(logprobs.splits["validation"].path, identity_of(logprobs,
+                                                                                                "validation"))
+        margins[who] = np.asarray(chosen) - np.asarray(rejected)
+    raised = margins["tuned"] > margins["start"]
+    # (one pair may fall the other way: the run measured in its training precision, the step in its own)
+    assert float(raised.mean()) == pytest.approx(trained.final_validation_accuracy, abs=1 / HELD_OUT_PAIRS + 1e-9)
+    assert float((margins["tuned"] - margins["start"]).mean()) > 0
+    print(f"held out: log-prob accuracy {start.logprob_accuracy:.3f} (start) ->"
+          f" {tuned_result.splits['validation'].logprob_accuracy:.3f}; margin raised on {int(raised.sum())} of"
+          f" {raised.size} pairs")
 
 
 # --- the experiment --------------------------------------------------------------------------------------------
