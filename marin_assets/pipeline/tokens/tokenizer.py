@@ -126,9 +126,9 @@ def adopt_tokenizer(output_path: str, name_or_path: str, revision: str | None = 
                          bos_token=tokenizer.bos_token, tokens=len(tokenizer))
 
 
-OPENAI_ENCODINGS = ("cl100k_base", "o200k_base", "p50k_base", "r50k_base")
+OPENAI_ENCODINGS = ("cl100k_base", "o200k_base", "r50k_base")
 """OpenAI encodings whose `.tiktoken` rank files an adopted tokenizer keeps beside its `tokenizer.json`: gigatoken
-loads them by name (their split regex and special tokens are known from it)."""
+loads them by name (their split regex and special tokens are known from it; the ones its loader names)."""
 
 
 def openai_rank_files(folder: str) -> list[str]:
