@@ -228,7 +228,12 @@ def _write_parquet(url: str, rows: list[dict[str, Any]]) -> None:
 
 
 def _sampling_identity(sampling: Sampling) -> dict[str, Any]:
-    return {**asdict(sampling), "stop": list(sampling.stop)}
+    """Every sampling field; with n > 1, also that each sample is its own sequence (before, Levanter's clones wrote
+    samples 1 … n−1 from a cache without the prompt: those outputs are other, wrong ones)."""
+    found = {**asdict(sampling), "stop": list(sampling.stop)}
+    if sampling.n > 1:
+        found["samples"] = "own-sequences"
+    return found
 
 
 def every_prompt_answered(output_path: str, result: dict) -> CheckOutcome:

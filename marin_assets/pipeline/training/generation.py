@@ -1,13 +1,16 @@
-"""A model writes: Levanter's generation engine (`levanter.inference.engine`: a paged KV cache, a scheduler, the
-n samples of a prompt sharing its prefill) behind one call, `Generator.generate(prompts, sampling)`.
+"""A model writes: Levanter's generation engine (`levanter.inference.engine`: a paged KV cache and a scheduler)
+behind one call, `Generator.generate(prompts, sampling)`.
 
 What this adds to the engine:
 - **Every prompt is answered.** `InferenceEngine.generate` admits requests in one prefill and returns an empty
   completion, silently, for those that did not fit (more prompts than `max_seqs_in_prefill`, more prompt tokens than
   the prefill buffer, more samples than free slots). Prompts go in batches that fit, and a completion shorter than
   it may be without a stop is an error, never a short result.
-- **Seeded sampling is deterministic**: prompt `i`'s key is `fold_in(PRNGKey(seed), i)` (sample `k` folds in `k`,
-  the engine's own rule), and the batches depend only on the prompts and the settings, so the same model, prompts
+- **Every sample is the model's**: each of a prompt's n samples is its own sequence. Levanter's clones, which
+  share the first sample's prefill, decode from a cache that does not hold the prompt (their log-probs are not the
+  model's), so they are not used.
+- **Seeded sampling is deterministic**: prompt `i`'s key is `fold_in(PRNGKey(seed), i)` (sample `k > 0` folds in
+  `k`), and the batches depend only on the prompts and the settings, so the same model, prompts
   and `Sampling` give the same tokens in any process. Greedy (`temperature == 0`) needs no key.
 - **Padding rows of the embedding are never written**: a model's vocabulary is rounded up past its tokenizer's
   (`ModelSpec.vocab_multiple`); ids at or past `vocab_limit` get no probability.
@@ -40,7 +43,7 @@ class Sampling:
     top_p: float = 1.0
     """Nucleus sampling: only the likeliest tokens whose probabilities sum past `top_p` are drawn from (1: all)."""
     n: int = 1
-    """Completions per prompt; they share the prompt's prefill (greedy ones are equal)."""
+    """Completions per prompt, each drawn with its own key (greedy ones are equal)."""
     seed: int = 0
     """The sampling key's seed: the same seed, model and prompts give the same completions."""
     stop: tuple[str, ...] = ()
@@ -219,27 +222,19 @@ class Generator:
 
     def _batches(self, prompts: Sequence[Sequence[int]], n: int, max_tokens: int) -> list[list[int]]:
         """Prompt indices in runs that one engine call admits whole: at most `max_seqs // n` prompts and
-        `max_prefill_tokens` prompt tokens each; with n > 1, few enough that the engine's clones do not run out of
-        KV-cache pages. They depend only on the prompts and the settings (the tokens do not depend on them).
-
-        Levanter's clones (the n − 1 extra samples of a prompt) take about one page per token they write, not per
-        `page_size` tokens (marin-levanter 0.2.227: 16 prompts of 24 tokens × 8 samples in 16-token pages needed
-        between 1,536 and 3,072 pages for 16 new tokens, more than 6,144 for 64, where 128 single samples of 64
-        new tokens ran in 768); a batch is sized for that."""
-        per_batch = self.settings.max_seqs // n
-        if n > 1:
-            pages = self.config.max_pages
-            per_prompt = n * (-(-self.settings.max_seq_len // self.settings.page_size) + max_tokens)
-            per_batch = max(1, min(per_batch, pages // per_prompt))
+        `max_prefill_tokens` prompt tokens each (each of a prompt's n samples is its own sequence and prefill). They
+        depend only on the prompts and the settings (the tokens do not depend on them)."""
+        per_batch = max(1, self.settings.max_seqs // n)
         batches: list[list[int]] = []
         current: list[int] = []
         tokens = 0
         for i, prompt in enumerate(prompts):
-            if current and (len(current) == per_batch or tokens + len(prompt) > self.settings.max_prefill_tokens):
+            if current and (len(current) == per_batch
+                            or tokens + n * len(prompt) > self.settings.max_prefill_tokens):
                 batches.append(current)
                 current, tokens = [], 0
             current.append(i)
-            tokens += len(prompt)
+            tokens += n * len(prompt)
         if current:
             batches.append(current)
         return batches
@@ -259,14 +254,26 @@ class Generator:
             padded = [[INVALID] * (width - len(s)) + s for s in stops]  # left-padded, as the engine reads them
             stop_array = hax.named(jnp.asarray(padded, dtype=jnp.int32), ("stop_seq", "position"))
         base = jax.random.PRNGKey(sampling.seed)
-        requests = [Request(prompt_tokens=[int(t) for t in prompts[i]], request_id=i, n_generations=sampling.n,
+
+        def key(i: int, k: int) -> Any:
+            """Sample k of prompt i's key: the seed, the prompt and the sample alone decide it (sample 0's is what
+            n=1 draws)."""
+            first = jax.random.fold_in(base, i)
+            return first if k == 0 else jax.random.fold_in(first, k)
+
+        # Each of a prompt's n samples is a request of its own, with its own prefill: Levanter's clones
+        # (`n_generations` > 1) decode from a cache that does not hold the prompt as the first sample's does
+        # (marin-levanter 0.2.227: the clones' log-probs differ from the model's by up to 4.8 nats on a prompt the
+        # first sample matches exactly, and they write text unrelated to it), which broke RL's rollouts.
+        requests = [Request(prompt_tokens=[int(t) for t in prompts[i]], request_id=j * sampling.n + k,
+                            n_generations=1,
                             decode_params=SeqDecodingParams(
                                 max_num_tokens=jnp.array(len(prompts[i]) + sampling.max_tokens, dtype=jnp.int32),
                                 stop_tokens=stop_array,
                                 temperature=jnp.array(sampling.temperature, dtype=jnp.float32),
                                 top_p=jnp.array(sampling.top_p, dtype=jnp.float32),
-                                key=jax.random.fold_in(base, i)))
-                    for i in batch]
+                                key=key(i, k)))
+                    for j, i in enumerate(batch) for k in range(sampling.n)]
         try:
             result = self.engine.generate(requests)
         except Exception as e:  # noqa: BLE001 - the engine's page allocator fails inside a JAX callback
