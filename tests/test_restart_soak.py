@@ -148,6 +148,12 @@ def deployment(tmp_path_factory):
             os.environ["DAGSTER_HOME"] = old
 
 
+def summary_of(runs: list) -> list[tuple]:
+    """Each run's partition, status, whether it was resubmitted, and its retry number."""
+    return sorted((r.tags.get("dagster/partition"), r.status.value, r.tags.get(RESUBMITTED_TAG),
+                   r.tags.get("dagster/retry_number")) for r in runs)
+
+
 def run_trial(deployment: Deployment, trial: int, mode: str, rng: random.Random) -> list[str]:
     """Train trial `trial` while killing `mode` ('daemon' or 'code_server') at seeded moments; wait until
     every checkpoint's evaluation has settled. Returns what the trial printed."""
@@ -196,14 +202,17 @@ def run_trial(deployment: Deployment, trial: int, mode: str, rng: random.Random)
             busy = [r for r in runs if r.status not in DONE]
             return runs if succeeded >= {str(c) for c in soak.CHECKPOINTS} and not busy else None
 
-        wait_for(settled, f"trial {trial}: every checkpoint's evaluation to succeed", timeout=420, interval=0.5)
+        try:
+            wait_for(settled, f"trial {trial}: every checkpoint's evaluation to succeed", timeout=900, interval=0.5)
+        except AssertionError as e:  # say whether work was lost (no run left for a partition) or only slow
+            raise AssertionError(f"{e}; {printed}; runs (partition, status, resubmitted, retry):"
+                                 f" {summary_of(runs_of(instance, trial))}") from None
         # A few more ticks: a late resubmission or retry of a partition that already succeeded would show here.
         wait_for_ticks(instance, soak.SENSOR)
     finally:
         training.kill()
     runs = runs_of(instance, trial)
-    summary = sorted((r.tags.get("dagster/partition"), r.status.value, r.tags.get(RESUBMITTED_TAG),
-                      r.tags.get("dagster/retry_number")) for r in runs)
+    summary = summary_of(runs)
     printed.append(f"trial {trial} runs (partition, status, resubmitted, retry): {summary}")
     print(printed[-1])
     successes = Counter(r.tags["dagster/partition"] for r in runs if r.status is dg.DagsterRunStatus.SUCCESS)
