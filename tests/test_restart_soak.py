@@ -223,6 +223,7 @@ def run_trial(deployment: Deployment, trial: int, mode: str, rng: random.Random)
     return printed
 
 
+@pytest.mark.timeout(1500)  # the trial's own waits (training, up to 2 kills, 900 s to settle) bound it first
 @pytest.mark.parametrize("trial, mode", [(0, "daemon"), (1, "daemon"), (2, "code_server")])
 def test_restarts_at_random_moments_lose_no_evaluation_and_repeat_none(deployment, trial, mode):
     rng = random.Random(f"{SEED}-{trial}")
