@@ -120,12 +120,18 @@ def _reference(tokenizer_path: str) -> Any:
     return rust
 
 
-def _fastokens(tokenizer_path: str) -> Any:
-    """fastokens' tokenizer for a folder, or the error it refused it with (raised again on every call)."""
-    loaded, refusal = _fastokens_or_refusal(tokenizer_path)
+def _loaded(found: tuple[Any, Exception | None]) -> Any:
+    """A backend's tokenizer as `*_or_refusal` remembered it, or the error it refused it with (raised again on every
+    call)."""
+    loaded, refusal = found
     if refusal is not None:
         raise refusal.with_traceback(None)
     return loaded
+
+
+def _fastokens(tokenizer_path: str) -> Any:
+    """fastokens' tokenizer for a folder, or the error it refused it with."""
+    return _loaded(_fastokens_or_refusal(tokenizer_path))
 
 
 @functools.lru_cache(maxsize=8)
@@ -145,11 +151,8 @@ def _fastokens_or_refusal(tokenizer_path: str) -> tuple[Any, Exception | None]:
 
 
 def _gigatoken(tokenizer_path: str) -> Any:
-    """gigatoken's tokenizer for a folder, or the error it refused it with (raised again on every call)."""
-    loaded, refusal = _gigatoken_or_refusal(tokenizer_path)
-    if refusal is not None:
-        raise refusal.with_traceback(None)
-    return loaded
+    """gigatoken's tokenizer for a folder, or the error it refused it with."""
+    return _loaded(_gigatoken_or_refusal(tokenizer_path))
 
 
 @functools.lru_cache(maxsize=8)

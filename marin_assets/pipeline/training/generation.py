@@ -216,11 +216,11 @@ class Generator:
                                       f" ({s.max_prefill_tokens}: EngineSettings.max_prefill_tokens)")
         stops = self.stop_ids(sampling)
         out: list[list[Completion]] = []
-        for batch in self._batches(prompts, sampling.n, sampling.max_tokens):
+        for batch in self._batches(prompts, sampling.n):
             out.extend(self._generate_batch(prompts, batch, sampling, stops))
         return out
 
-    def _batches(self, prompts: Sequence[Sequence[int]], n: int, max_tokens: int) -> list[list[int]]:
+    def _batches(self, prompts: Sequence[Sequence[int]], n: int) -> list[list[int]]:
         """Prompt indices in runs that one engine call admits whole: at most `max_seqs // n` prompts and
         `max_prefill_tokens` prompt tokens each (each of a prompt's n samples is its own sequence and prefill). They
         depend only on the prompts and the settings (the tokens do not depend on them)."""
