@@ -319,6 +319,13 @@ class _FanOut(Generic[T, R]):
             self.inflight.pop(task, None)
             self._cancel([task])
         item = self.items[index]
+        before = claim.took_over
+        if task is not None and before is not None and before.run_id == self.run_id \
+                and before.status is Status.RUNNING:
+            # This fan-out's own task held it and is dead or silent, seen here before Ray reported it.
+            self.task_deaths += 1
+            self.log.warning(f"{self.name}: the Ray task of {_describe(index, item)} died (its claim said so"
+                             " before Ray did)")
         if claim.reason.startswith("stale"):
             self.log.warning(f"{self.name}: taking over {_describe(index, item)}: {claim.reason}")
         try:
