@@ -21,6 +21,9 @@ each library alone on the same texts held in memory (fastokens `encode_batch_fla
 (e) the fallback: the real cl100k, with its id gaps (no token 100256, specials up to 100276), which fastokens
     refuses to load: the asset with its default backend (so `tokenizers`, chosen after fastokens' refusal) ÷
     `tokenizers` in memory on >= 30 MB (30 MB in quick mode too, one repetition) — goal: ratio >= 0.9 (issue 28).
+(f) gigatoken: the real cl100k with OpenAI's `.tiktoken` rank file beside it, so the asset's default backend is
+    gigatoken (its own loader, after the parity check): asset ÷ gigatoken `encode_batch` in memory, batches of 1,024
+    documents like the others — goal: ratio >= 0.5 (issue 41); gigatoken ÷ fastokens in memory for context.
 """
 
 from __future__ import annotations
@@ -203,6 +206,64 @@ def throughput_rows(tmp: str, texts: list[str], raw: str, tok: str, reps: int, c
     ]
 
 
+def cl100k_with_ranks(tmp: str) -> str:
+    """The real cl100k (id gaps included) with OpenAI's `cl100k_base.tiktoken` beside its tokenizer.json, as a
+    repository holding both ships it: the form gigatoken loads (from the rank file, with its own loader)."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT))
+    from marin_assets.pipeline.tokens.tokenizer import adopt_tokenizer
+    from tests.support.real_tokenizers import cl100k_file, cl100k_folder
+
+    folder = cl100k_folder(os.path.join(tmp, "cl100k-ranks"))
+    shutil.copyfile(cl100k_file(), os.path.join(folder, "cl100k_base.tiktoken"))
+    return adopt_tokenizer(os.path.join(tmp, "tok-ranks"), folder).path
+
+
+def gigatoken_rows(tmp: str, texts: list[str], raw: str, reps: int, corpus: str, key: str = "real_tokenize_giga",
+                   label: str = "real text") -> list[dict]:
+    """(f) above: the asset with its default backend on cl100k with its rank file (so gigatoken, after its parity
+    check) ÷ gigatoken `encode_batch` on the same texts in memory; fastokens in memory beside it, for context."""
+    from marin_assets.core.lease import LeaseSettings
+    from marin_assets.core.materialize import materialize_step
+    from marin_assets.core.step import Step
+    from marin_assets.pipeline.tokens.encoders import _fastokens, _gigatoken, _gigatoken_flat
+    from marin_assets.pipeline.tokens.tokenize import tokenize
+
+    tok = cl100k_with_ranks(tmp)
+    settings = LeaseSettings(heartbeat_interval=10, stale_timeout=60, poll_interval=0.2)
+    found: dict[str, str] = {}
+    giga, fast = _gigatoken(tok), _fastokens(cl100k(tmp))
+
+    def asset(rep: int) -> int:
+        step = Step(name=f"bench/{key}-{rep}", fn=lambda out: tokenize(out, raw, tok))
+        record = materialize_step(step, prefix=os.path.join(tmp, "ours"), settings=settings).record
+        found["backend"], found["reason"] = record.result["backend"], record.result["backend_reason"]
+        framing = record.result["framing"] or {}
+        per_document = (framing.get("bos_id") is not None) + (framing.get("eos_id") is not None)
+        return sum(s["tokens"] - per_document * s["documents"] for s in record.result["splits"].values())
+
+    def gigatoken_batch(rep: int) -> int:
+        return sum(len(_gigatoken_flat(giga.encode_batch(texts[i:i + 1024]))[0]) for i in range(0, len(texts), 1024))
+
+    kinds = {"ours": asset, "gigatoken": gigatoken_batch,
+             "fastokens": in_memory_encoders(texts, None, fast)["fastokens"]}
+    counted = {kind: fn(-1) for kind, fn in kinds.items()}
+    if len(set(counted.values())) != 1:
+        raise AssertionError(f"token counts differ: {counted}")
+    if found["backend"] != "gigatoken":
+        raise AssertionError(f"the asset did not choose gigatoken: {found}")
+    rates = tokens_per_second(kinds, reps)
+    size = f"{counted['ours'] / 1e6:.2f}M tokens of {corpus}"
+    return [
+        compare(key, f"{label}: tokenize asset (default backend: gigatoken, after its parity check) ÷ gigatoken"
+                f" encode_batch on the same texts in memory ({size}), in process, warm", rates["ours"],
+                rates["gigatoken"], "tokens/s", goal=("ratio", ">=", 0.5), note=found["reason"]),
+        compare(f"{key}_vs_fastokens", f"{label}: gigatoken encode_batch ÷ fastokens encode_batch_flat in memory"
+                f" ({size}): the libraries, for context", rates["gigatoken"], rates["fastokens"], "tokens/s"),
+    ]
+
+
 def cl100k_with_gaps(tmp: str) -> str:
     sys.path.insert(0, str(ROOT))
     from marin_assets.pipeline.tokens.tokenizer import adopt_tokenizer
@@ -254,6 +315,7 @@ def measure(reps: int = 5, megabytes: int = 30, fallback_reps: int | None = None
         raw = write_corpus(os.path.join(tmp, "raw"), texts)
         tok = cl100k(tmp)
         rows = throughput_rows(tmp, texts, raw, tok, reps, "stdlib source, cl100k")
+        rows += gigatoken_rows(tmp, texts, raw, reps, "stdlib source, cl100k")
         if megabytes < 30:
             texts = stdlib_texts(30 << 20)
             raw = write_corpus(os.path.join(tmp, "raw-30"), texts)

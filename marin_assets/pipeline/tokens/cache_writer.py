@@ -191,7 +191,7 @@ def tokenize_files(files: Sequence[str], cache_dir: str, tokenizer_path: str, te
         if ledger is None:
             _commit(cache_dir, 0, 0, {}, [], False, metadata)
         arrays["store"] = store = lc.open_store(text_processor(tokenizer_path).output_exemplar, cache_dir, mode="a",
-                                                shard_elements=SHARD_TOKENS)
+                                                shard_elements=SHARD_TOKENS, sole_writer=True)
         lc.drop_rows_after(store, done["rows"])  # crashed after writing, before committing
         done["tokens"] = int(store.tree[TOKENS_FIELD].data_size)
         done["shard"] = lc.shard_elements(store, TOKENS_FIELD)

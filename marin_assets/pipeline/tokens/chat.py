@@ -282,7 +282,7 @@ def write_files_resumably(files: Sequence[str], cache_dir: str, processor: Any,
     if ledger is None:
         ledger = lc.new_ledger(0, {}, [], False, metadata)
         lc.commit_ledger(cache_dir, ledger)
-    store = lc.open_store(exemplar, cache_dir, mode="a")
+    store = lc.open_store(exemplar, cache_dir, mode="a", sole_writer=True)
     lc.drop_rows_after(store, ledger.total_num_rows)  # crashed inside a file: drop its rows, read it again
     rows, shard_rows, finished = ledger.total_num_rows, dict(ledger.shard_rows), list(ledger.finished_shards)
     for index, file in enumerate(files):

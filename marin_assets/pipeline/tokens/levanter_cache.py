@@ -136,15 +136,20 @@ def commit_ledger(cache_dir: str, ledger: CacheLedger) -> None:
     atomic_write(join_path(cache_dir, LEDGER_FILE), ledger.to_json().encode())
 
 
-def open_store(exemplar: dict, cache_dir: str, mode: str, shard_elements: int | None = None) -> TreeStore:
-    """The arrays of a cache kept in its own folder, uncached (we write them, so cached metadata would go stale).
-    With `shard_elements`, arrays not yet on disk are first created with shard files of that many elements
-    (`create_arrays`); arrays that exist keep the layout they were made with."""
+def open_store(exemplar: dict, cache_dir: str, mode: str, shard_elements: int | None = None,
+               sole_writer: bool = False) -> TreeStore:
+    """The arrays of a cache kept in its own folder. With `shard_elements`, arrays not yet on disk are first created
+    with shard files of that many elements (`create_arrays`); arrays that exist keep the layout they were made with.
+
+    `sole_writer`: the caller holds the cache's lease and is the only one writing it, so the arrays keep their row
+    count and size in memory (Levanter's `cache_metadata`, updated by each extend and trim) instead of reading them
+    back from storage before every append (a synchronous read of a just-written chunk: 0.5 s of a 0.6 s tokenize
+    of 10 MB). Otherwise uncached: another writer's appends would leave cached sizes stale."""
     from levanter.store.tree_store import TreeStore
 
     if shard_elements is not None and mode != "r":
         create_arrays(exemplar, cache_dir, shard_elements)
-    return TreeStore.open(exemplar, cache_dir, mode=mode, cache_metadata=False)
+    return TreeStore.open(exemplar, cache_dir, mode=mode, cache_metadata=sole_writer and mode != "r")
 
 
 def create_arrays(exemplar: dict, cache_dir: str, shard_elements: int) -> None:
