@@ -7,6 +7,7 @@ file spans many of each."""
 
 import json
 import os
+import shutil
 import sysconfig
 from pathlib import Path
 
@@ -339,3 +340,27 @@ def test_splits_tokenized_together_keep_their_own_failures(dataset, cl100k, tmp_
     assert not lc.load_ledger(str(tmp_path / "c" / "train")).is_finished
     validation = lc.load_ledger(str(tmp_path / "c" / "validation"))  # tokenized beside it, and finished
     assert validation.is_finished and validation.total_num_rows == 2
+
+
+def test_the_backend_is_checked_once_per_tokenizer_in_a_process(dataset, cl100k, tmp_path, monkeypatch):
+    """A second tokenize with the same tokenizer keeps the first one's verdict (no sample read or encoded again) and
+    says so; another tokenizer is checked afresh."""
+    from marin_assets.pipeline.tokens import tokenize as tokenize_module
+
+    samples, real = [], tokenize_module._parity_sample
+    monkeypatch.setattr(tokenize_module, "_parity_sample", lambda *a: samples.append(a) or real(*a))
+    folder = tmp_path / "tok"
+    shutil.copytree(cl100k["fastokens"], folder)
+    first = tokenize(str(tmp_path / "one"), dataset, str(folder))
+    second = tokenize(str(tmp_path / "two"), dataset, str(folder))
+    assert len(samples) == 1 and first.backend == second.backend == "fastokens"
+    assert "checked earlier" not in first.backend_reason
+    assert second.backend_reason.startswith(first.backend_reason) and "checked earlier in this process" in \
+        second.backend_reason and first.tokenizer_fingerprint in second.backend_reason
+    for split in ("train", "validation"):
+        assert store_arrays(str(tmp_path / "one" / split))[0].tolist() == \
+            store_arrays(str(tmp_path / "two" / split))[0].tolist()
+    other = tmp_path / "other-tok"
+    shutil.copytree(cl100k["tokenizers"], other)  # the id gaps: fastokens refuses it
+    third = tokenize(str(tmp_path / "three"), dataset, str(other))
+    assert len(samples) == 2 and third.backend == "tokenizers" and "checked earlier" not in third.backend_reason
