@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marin_assets.core.paths import using_prefix
+from marin_assets.core.preemption import sigterm_preempts
 from marin_assets.core.step import Step
 from marin_assets.execution.driver_watch import watching_driver
 
@@ -189,7 +190,8 @@ def run_relaying(call: StepCall, output_path: str, prefix: str, env: dict[str, s
             box["work_s"] = time.monotonic() - started
             lines.put(_DONE)
 
-    with _environment(env), _relaying(lines), watching_driver(output_path):  # ends the worker if the driver dies
+    # ends the worker if the driver dies; SIGTERM (a preempted node) lets a training save a checkpoint first
+    with _environment(env), _relaying(lines), watching_driver(output_path), sigterm_preempts():
         thread = threading.Thread(target=target, name=f"marin-step-{call.name}", daemon=True)
         thread.start()
         done = False

@@ -100,7 +100,6 @@ def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_l
     """
     import jmp
     from levanter.callbacks.watch import WatchConfig
-    from levanter.checkpoint import CheckpointerConfig
     from levanter.distributed import DistributedConfig
     from levanter.trainer import TrainerConfig
 
@@ -115,12 +114,42 @@ def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_l
         log_dir=Path(output_dir) / "logs",
         train_batch_size=trainer.train_batch_size, num_train_steps=trainer.num_train_steps,
         steps_per_eval=trainer.steps_per_eval, max_eval_batches=trainer.max_eval_batches,
-        checkpointer=CheckpointerConfig(base_path=checkpoint_dir or os.path.join(output_dir, "checkpoints"),
-                                        save_interval=timedelta(minutes=30), keep=keep),
+        checkpointer=_preemptible_checkpointer_config()(
+            base_path=checkpoint_dir or os.path.join(output_dir, "checkpoints"), save_interval=timedelta(minutes=30),
+            keep=keep),
         require_accelerator=require_accelerator,
         distributed=DistributedConfig(initialize_jax_distributed=False),
         watch=WatchConfig(watch_targets=[]), log_jaxprs=False, log_xla_hlo=False,
     )
+
+
+@functools.cache
+def _preemptible_checkpointer_config() -> type:
+    """Levanter's `CheckpointerConfig` whose checkpointer, at the first step after SIGTERM asked the process to stop
+    (`core.preemption.requested`), saves a permanent checkpoint of that step, waits for it to be written, and
+    raises `Preempted`: the run's retry resumes from it. Otherwise Levanter's checkpointer, unchanged. (Levanter
+    calls the checkpointer after every step; it is the one place outside its `main` that sees each step.)"""
+    from levanter.checkpoint import Checkpointer, CheckpointerConfig
+
+    from marin_assets.core import preemption
+
+    class PreemptibleCheckpointer(Checkpointer):
+        def on_step(self, *, tree: Any, step: int, force: bool = False) -> None:
+            if not preemption.requested.is_set():
+                super().on_step(tree=tree, step=step, force=force)
+                return
+            super().on_step(tree=tree, step=step, force=True)
+            self.wait_until_finished()
+            raise preemption.Preempted(f"stopped on SIGTERM after step {int(step)}, its checkpoint saved")
+
+    @dataclass
+    class PreemptibleCheckpointerConfig(CheckpointerConfig):
+        def create(self, run_id: str) -> Checkpointer:
+            made = super().create(run_id)
+            made.__class__ = PreemptibleCheckpointer  # the same object, with the preemption check before each save
+            return made
+
+    return PreemptibleCheckpointerConfig
 
 
 def use_platform(platform: str | None, who: str) -> None:

@@ -20,6 +20,8 @@ import fsspec
 
 from marin_assets.core.files import atomic_write
 from marin_assets.core.paths import join_path
+from marin_assets.core.preemption import Preempted, preemptible, sigterm_preempts
+from marin_assets.core.preemption import received_at as preemption_received_at
 from marin_assets.core.step import Resources
 from marin_assets.pipeline.training.checkpoints import checkpoint_steps, run_dir_of
 from marin_assets.pipeline.training.specs import (
@@ -30,6 +32,8 @@ from marin_assets.pipeline.training.tracking import TENSORBOARD_DIR, WANDB_DIR, 
 from marin_assets.pipeline.training.training_run import TrainResult
 
 METRICS_FILE = "metrics.jsonl"
+PREEMPTED_FILE = "preempted.json"
+"""Why a run last stopped early on SIGTERM (kept after its retry finishes: a run's history)."""
 
 
 @dataclass(frozen=True)
@@ -153,9 +157,14 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
         started = time.monotonic()
         # A finished run is not called again: Levanter would run its final hooks, rewriting the last checkpoint
         ran = not done or done[-1] + 1 < trainer.num_train_steps
+        stopped: Preempted | None = None
         if ran:
-            with restored_root_logging(), JsonlMetrics(places.metrics_logger, metrics_file):
-                method.entry_point()(config)
+            with restored_root_logging(), JsonlMetrics(places.metrics_logger, metrics_file), preemptible(), \
+                    sigterm_preempts():
+                try:
+                    method.entry_point()(config)
+                except Preempted as e:
+                    stopped = e
         if remote:
             fs, path = fsspec.core.url_to_fs(output_path)
             fs.put(metrics_file, f"{path}/{METRICS_FILE}")
@@ -164,12 +173,27 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
                 if os.path.isdir(os.path.join(local, folder)):
                     fs.put(os.path.join(local, folder), f"{path}/{folder}", recursive=True)
         seconds = training_seconds(output_path, time.monotonic() - started if ran else None)
+        if stopped is not None:
+            raise _preempted(output_path, stopped, seconds)
         result = summarize(output_path, run_id, trainer, seconds, metrics_file, method.model, method.vocab_size)
         result = replace(result, model=method.model, tokenizer=method.tokenizer_path, vocab_size=method.vocab_size,
                          train_tokens=trainer.num_train_steps * trainer.batch_tokens(method.model),
                          initialized_from=initialized_from, method=method.name,
                          tracking=tracking_result(tracking, config.trainer.tracker, output_path, local))
         return method.finish(result, read_metrics(metrics_file))
+
+
+def _preempted(output_path: str, stopped: Preempted, seconds: float) -> Preempted:
+    """Record why the run stopped (`preempted.json` beside its checkpoints: the step, when SIGTERM came, how long
+    the save took) and the error its step fails with: no SUCCESS, and the retry resumes from that checkpoint."""
+    done = checkpoint_steps(run_dir_of(output_path))
+    signalled = preemption_received_at()
+    why = {"reason": "SIGTERM (preemption)", "message": str(stopped), "checkpoint_step": done[-1] if done else None,
+           "signal_time": signalled, "stopped_time": time.time(), "training_seconds": seconds}
+    atomic_write(join_path(output_path, PREEMPTED_FILE), json.dumps(why, indent=2).encode())
+    at = f"step {done[-1]}" if done else "no step"
+    return Preempted(f"training at {output_path} {stopped}; its last checkpoint is {at}: a retry resumes from it"
+                     f" (why: {PREEMPTED_FILE})")
 
 
 def tracking_result(tracking: Tracking | None, trackers: Any, output_path: str, local: str) -> TrackingResult | None:
