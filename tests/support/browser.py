@@ -46,7 +46,8 @@ def dagster_dev_page(definitions, env: dict, log_path):
     with open(log_path, "w") as log:
         server = subprocess.Popen([str(BIN / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port),
                                    "-f", str(definitions)],
-                                  cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                  cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"},  # its log complete if it dies
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         # A bound against a hang: starting imports every wing in three processes, slow on a loaded 2-core machine.

@@ -128,5 +128,6 @@ def wait_until_serving(url: str, proc, log_path, timeout: float, what: str) -> N
             return  # it answers
         except OSError:
             if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"{what} did not start: {open(log_path).read()[-3000:]}") from None
+                how = f"exited with {proc.returncode}" if proc.poll() is not None else f"no answer in {timeout:g} s"
+                raise RuntimeError(f"{what} did not start ({how}): {open(log_path).read()[-3000:]}") from None
             time.sleep(0.1)
