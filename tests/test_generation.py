@@ -246,3 +246,35 @@ def test_bad_requests_are_refused_naming_the_prompt(tiny):
 def test_a_model_without_paged_decode_is_refused_by_name():
     with pytest.raises(GenerationError, match="the gpt2 run .* has no paged decode"):
         Generator(object(), settings=EngineSettings(max_seq_len=64), who="the gpt2 run")
+
+
+def test_new_weights_and_a_new_generator_of_the_same_model_compile_nothing(tiny):
+    """An RL update hands the engine new weights every iteration, and a generation step on a warm worker builds a
+    new Generator: neither may compile the engine's prefill and decode again (each compile costs seconds)."""
+    import jax
+    import jax.numpy as jnp
+
+    compiles: list[str] = []
+
+    def listen(event: str, duration: float, **kwargs) -> None:
+        if event.endswith("backend_compile_duration"):
+            compiles.append(event)
+
+    sampling = Sampling(max_tokens=6, temperature=1.0, n=2, seed=1)
+    # compiled (if no test before did); the engine's state reset compiles again on its second call, then never
+    first = tiny.generator.generate(tiny.prompts[:4], sampling)
+    assert tiny.generator.generate(tiny.prompts[:4], sampling) == first
+    updated = jax.tree_util.tree_map(lambda x: x * 1.01 if isinstance(x, jax.Array) and
+                                     jnp.issubdtype(x.dtype, jnp.floating) else x, tiny.model)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        tiny.generator.set_weights(updated)
+        again = tiny.generator.generate(tiny.prompts[:4], sampling)
+        tiny.generator.set_weights(tiny.model)
+        other = Generator(tiny.model, settings=tiny.generator.settings, vocab_limit=VOCAB_LIMIT)
+        fresh = other.generate(tiny.prompts[:4], sampling)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == [], compiles
+    assert [[c.tokens for c in row] for row in fresh] == [[c.tokens for c in row] for row in first]
+    assert [[c.tokens for c in row] for row in again] != [[c.tokens for c in row] for row in first]  # new weights

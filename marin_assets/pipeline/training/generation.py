@@ -132,6 +132,15 @@ class EngineSettings:
 
 def vocab_limited(model: Any, vocab_limit: int) -> Any:
     """`model` whose logits give no probability to ids at or past `vocab_limit` (the embedding's padding rows)."""
+    if vocab_limit >= model.Vocab.size:
+        return model
+    return _vocab_limited_class()(model, vocab_limit)
+
+
+@functools.cache
+def _vocab_limited_class() -> type:
+    """One class for every wrapped model: the engine's compiled prefill and decode are keyed by the model's type,
+    so a class made per call (per RL update's new weights, per generation step) would compile them anew each time."""
     import equinox as eqx
     import haliax as hax
     import jax.numpy as jnp
@@ -156,9 +165,7 @@ def vocab_limited(model: Any, vocab_limit: int) -> Any:
             allowed = hax.arange(self.inner.Vocab) < self.limit
             return hax.where(allowed, logits, jnp.finfo(jnp.float32).min), cache
 
-    if vocab_limit >= model.Vocab.size:
-        return model
-    return VocabLimited(model, vocab_limit)
+    return VocabLimited
 
 
 class Generator:
