@@ -96,3 +96,35 @@ def test_a_second_sigterm_ends_a_preemptible_step_at_once():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True,
                           text=True, timeout=120)
     assert done.stdout.splitlines() == ["asked"] and done.returncode == -signal.SIGTERM, (done.stdout, done.stderr)
+
+
+def test_a_preempted_step_s_run_is_retried_by_dagster_and_its_own_failure_is_not(dagster_home, prefix):
+    """Through the definitions, on an instance with the project's settings (run retries skip a step's own
+    failure): a step that raises `Preempted` fails its run tagged with why, and Dagster marks that run to be
+    retried; a step's own error is still not retried."""
+    import dagster as dg
+
+    from marin_assets.core.preemption import Preempted
+    from marin_assets.core.step import Step
+    from marin_assets.dagster.assets import PREEMPTED_TAG
+    from marin_assets.dagster.definitions import build_definitions
+
+    def preempted(output_path: str) -> None:
+        raise Preempted("stopped on SIGTERM after step 7, its checkpoint saved")
+
+    def broken(output_path: str) -> None:
+        raise ValueError("the step's own error")
+
+    with dg.DagsterInstance.get() as instance:
+        assert instance.run_retries_enabled and not instance.run_retries_retry_on_asset_or_op_failure
+        runs = {}
+        for name, fn in (("train/preempted", preempted), ("train/broken", broken)):
+            job = build_definitions([Step(name=name, fn=fn)]).resolve_implicit_global_asset_job_def()
+            result = job.execute_in_process(instance=instance, raise_on_error=False)
+            assert not result.success
+            runs[name] = instance.get_run_by_id(result.run_id)
+        tags = runs["train/preempted"].tags
+        assert tags["dagster/will_retry"] == "true", tags
+        assert "stopped on SIGTERM after step 7" in tags[PREEMPTED_TAG]
+        assert runs["train/broken"].tags["dagster/will_retry"] == "false"
+        assert PREEMPTED_TAG not in runs["train/broken"].tags

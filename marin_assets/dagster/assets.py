@@ -25,6 +25,7 @@ from marin_assets.core.identity import canonical
 from marin_assets.core.lease import LeaseSettings
 from marin_assets.core.materialize import StepOutcome, materialize_step
 from marin_assets.core.paths import default_prefix, using_prefix
+from marin_assets.core.preemption import Preempted
 from marin_assets.core.step import Step, StepDefinitionError, made_by, walk
 from marin_assets.core.versions import data_version
 from marin_assets.dagster.budget import check_run_budget
@@ -35,6 +36,9 @@ from marin_assets.execution.ray_runner import ray_runner
 from resources.storage import StorageResource
 
 FORCE_TAG = "marin/force"
+PREEMPTED_TAG = "marin/preempted"
+"""On a run whose step stopped on SIGTERM after saving its state (`core.preemption`): why, and that the run is
+retried although it failed in a step (`dagster/retry_on_asset_or_op_failure`)."""
 """Run tag: `true` recomputes every asset of the run; a comma-separated list of asset keys
 (`hello/stats,hello/numbers`) recomputes those."""
 
@@ -113,10 +117,17 @@ def _materialize(step: Step, context: dg.AssetExecutionContext,
     prefix, settings = storage_settings(storage)
     check_run_budget(context, prefix, settings)  # tags marin/max-device-hours, marin/max-cost: before any work
     runner = ray_runner(getattr(context.resources, RAY_KEY), context.log)
-    outcome = materialize_step(
-        step, prefix=prefix, settings=settings, run_id=context.run.run_id,
-        recompute=_recompute_reason(context, step), run_fn=runner, log=context.log,
-    )
+    try:
+        outcome = materialize_step(
+            step, prefix=prefix, settings=settings, run_id=context.run.run_id,
+            recompute=_recompute_reason(context, step), run_fn=runner, log=context.log,
+        )
+    except Preempted as e:
+        # Run retries leave a step's own failure alone (`retry_on_asset_or_op_failure: false`); a preempted step
+        # saved its state to be resumed, so its run asks to be retried (Dagster reads the tags when the run fails).
+        context.instance.add_run_tags(context.run.run_id, {"dagster/retry_on_asset_or_op_failure": "true",
+                                                           PREEMPTED_TAG: f"{step.name}: {e}"[:500]})
+        raise
     # The output has succeeded whatever its result looks like: metadata that cannot be built or
     # recorded becomes text saying why, never a failure of this run and every later (cached) one.
     metadata = metadata_or_error("metadata", lambda: outcome_metadata(outcome))
