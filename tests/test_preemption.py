@@ -71,9 +71,11 @@ def test_sigterm_mid_training_checkpoints_records_why_and_the_retry_resumes_ther
 
 
 def test_sigterm_without_a_training_running_ends_the_process_as_before():
-    """The handler is installed around a block; with no preemptible step inside, SIGTERM ends the process."""
+    """The handler is installed around a block; with no preemptible step inside, SIGTERM does what it did before
+    (here the default: end the process; a process that ignored SIGTERM goes on ignoring it)."""
     code = ("import os, signal, time\n"
             "from marin_assets.core.preemption import sigterm_preempts\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as before: a test worker may have it ignored\n"
             "with sigterm_preempts():\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    time.sleep(60)\n"
@@ -86,6 +88,7 @@ def test_sigterm_without_a_training_running_ends_the_process_as_before():
 def test_a_second_sigterm_ends_a_preemptible_step_at_once():
     code = ("import os, signal, time\n"
             "from marin_assets.core import preemption\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
             "with preemption.preemptible(), preemption.sigterm_preempts():\n"
             "    os.kill(os.getpid(), signal.SIGTERM)\n"
             "    assert preemption.requested.is_set(), 'the first asks the step to stop'\n"
