@@ -70,34 +70,31 @@ def test_sigterm_mid_training_checkpoints_records_why_and_the_retry_resumes_ther
     assert resumed.record.result["steps"] == preempt_worker.STEPS
 
 
+def in_a_child(*lines: str) -> subprocess.CompletedProcess:
+    """`lines` in a fresh Python whose SIGTERM has the default disposition before they run (a test worker's
+    children may inherit it ignored), then "survived" printed if the process is still alive. A SIGTERM the process
+    sends itself is handled before `os.kill` returns (Python runs the handler at the next instruction; the
+    default disposition ends it at once), so nothing needs to wait for it."""
+    code = "\n".join(["import os, signal", "from marin_assets.core import preemption",
+                      "signal.signal(signal.SIGTERM, signal.SIG_DFL)", *lines, "print('survived')", ""])
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=120)
+
+
 def test_sigterm_without_a_training_running_ends_the_process_as_before():
     """The handler is installed around a block; with no preemptible step inside, SIGTERM does what it did before
     (here the default: end the process; a process that ignored SIGTERM goes on ignoring it)."""
-    code = ("import os, signal, time\n"
-            "from marin_assets.core.preemption import sigterm_preempts\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as before: a test worker may have it ignored\n"
-            "with sigterm_preempts():\n"
-            "    os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    time.sleep(60)\n"
-            "print('survived')\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True,
-                          text=True, timeout=120)
+    done = in_a_child("with preemption.sigterm_preempts():",
+                      "    os.kill(os.getpid(), signal.SIGTERM)")
     assert done.returncode == -signal.SIGTERM and "survived" not in done.stdout
 
 
 def test_a_second_sigterm_ends_a_preemptible_step_at_once():
-    code = ("import os, signal, time\n"
-            "from marin_assets.core import preemption\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
-            "with preemption.preemptible(), preemption.sigterm_preempts():\n"
-            "    os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    assert preemption.requested.is_set(), 'the first asks the step to stop'\n"
-            "    print('asked', flush=True)\n"
-            "    os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    time.sleep(60)\n"
-            "print('survived')\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True,
-                          text=True, timeout=120)
+    done = in_a_child("with preemption.preemptible(), preemption.sigterm_preempts():",
+                      "    os.kill(os.getpid(), signal.SIGTERM)",
+                      "    assert preemption.requested.is_set(), 'the first asks the step to stop'",
+                      "    print('asked', flush=True)",
+                      "    os.kill(os.getpid(), signal.SIGTERM)")
     assert done.stdout.splitlines() == ["asked"] and done.returncode == -signal.SIGTERM, (done.stdout, done.stderr)
 
 
