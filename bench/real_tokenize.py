@@ -206,6 +206,28 @@ def throughput_rows(tmp: str, texts: list[str], raw: str, tok: str, reps: int, c
     ]
 
 
+def default_backend_asset(tmp: str, raw: str, tok: str, key: str, found: dict[str, str]):
+    """A contender (rep → tokens): the tokenize asset with its default backend materialized through the lease
+    protocol, a fresh step each repetition; the backend it chose and why go into `found`. The tokens counted are
+    the texts' own (every document is framed with BOS/EOS ids)."""
+    from marin_assets.core.lease import LeaseSettings
+    from marin_assets.core.materialize import materialize_step
+    from marin_assets.core.step import Step
+    from marin_assets.pipeline.tokens.tokenize import tokenize
+
+    settings = LeaseSettings(heartbeat_interval=10, stale_timeout=60, poll_interval=0.2)
+
+    def asset(rep: int) -> int:
+        step = Step(name=f"bench/{key}-{rep}", fn=lambda out: tokenize(out, raw, tok))
+        record = materialize_step(step, prefix=os.path.join(tmp, "ours"), settings=settings).record
+        found["backend"], found["reason"] = record.result["backend"], record.result["backend_reason"]
+        framing = record.result["framing"] or {}
+        per_document = (framing.get("bos_id") is not None) + (framing.get("eos_id") is not None)
+        return sum(s["tokens"] - per_document * s["documents"] for s in record.result["splits"].values())
+
+    return asset
+
+
 def cl100k_with_ranks(tmp: str) -> str:
     """The real cl100k (id gaps included) with OpenAI's `cl100k_base.tiktoken` beside its tokenizer.json, as a
     repository holding both ships it: the form gigatoken loads (from the rank file, with its own loader)."""
@@ -224,24 +246,12 @@ def gigatoken_rows(tmp: str, texts: list[str], raw: str, reps: int, corpus: str,
                    label: str = "real text") -> list[dict]:
     """(f) above: the asset with its default backend on cl100k with its rank file (so gigatoken, after its parity
     check) ÷ gigatoken `encode_batch` on the same texts in memory; fastokens in memory beside it, for context."""
-    from marin_assets.core.lease import LeaseSettings
-    from marin_assets.core.materialize import materialize_step
-    from marin_assets.core.step import Step
     from marin_assets.pipeline.tokens.encoders import _fastokens, _gigatoken, _gigatoken_flat
-    from marin_assets.pipeline.tokens.tokenize import tokenize
 
     tok = cl100k_with_ranks(tmp)
-    settings = LeaseSettings(heartbeat_interval=10, stale_timeout=60, poll_interval=0.2)
     found: dict[str, str] = {}
     giga, fast = _gigatoken(tok), _fastokens(cl100k(tmp))
-
-    def asset(rep: int) -> int:
-        step = Step(name=f"bench/{key}-{rep}", fn=lambda out: tokenize(out, raw, tok))
-        record = materialize_step(step, prefix=os.path.join(tmp, "ours"), settings=settings).record
-        found["backend"], found["reason"] = record.result["backend"], record.result["backend_reason"]
-        framing = record.result["framing"] or {}
-        per_document = (framing.get("bos_id") is not None) + (framing.get("eos_id") is not None)
-        return sum(s["tokens"] - per_document * s["documents"] for s in record.result["splits"].values())
+    asset = default_backend_asset(tmp, raw, tok, key, found)
 
     def gigatoken_batch(rep: int) -> int:
         return sum(len(_gigatoken_flat(giga.encode_batch(texts[i:i + 1024]))[0]) for i in range(0, len(texts), 1024))
@@ -275,23 +285,11 @@ def cl100k_with_gaps(tmp: str) -> str:
 def fallback_row(tmp: str, texts: list[str], raw: str, tok: str, reps: int, corpus: str,
                  key: str = "real_tokenize_fallback", label: str = "real text") -> dict:
     """(e) above: `tok` is a tokenizer fastokens refuses; the asset runs with its default backend."""
-    from marin_assets.core.lease import LeaseSettings
-    from marin_assets.core.materialize import materialize_step
-    from marin_assets.core.step import Step
     from marin_assets.pipeline.tokens.encoders import _reference
-    from marin_assets.pipeline.tokens.tokenize import tokenize
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-    settings = LeaseSettings(heartbeat_interval=10, stale_timeout=60, poll_interval=0.2)
     found: dict[str, str] = {}
-
-    def asset(rep: int) -> int:
-        step = Step(name=f"bench/{key}-{rep}", fn=lambda out: tokenize(out, raw, tok))
-        record = materialize_step(step, prefix=os.path.join(tmp, "ours"), settings=settings).record
-        found["backend"], found["reason"] = record.result["backend"], record.result["backend_reason"]
-        framing = record.result["framing"] or {}
-        per_document = (framing.get("bos_id") is not None) + (framing.get("eos_id") is not None)
-        return sum(s["tokens"] - per_document * s["documents"] for s in record.result["splits"].values())
+    asset = default_backend_asset(tmp, raw, tok, key, found)
 
     kinds = {"ours": asset, "tokenizers": in_memory_encoders(texts, _reference(tok), None)["tokenizers"]}
     counted = {kind: fn(-1) for kind, fn in kinds.items()}
