@@ -25,6 +25,7 @@ from marin_assets.core.stores import read_status
 from marin_assets.pipeline.tokens.tokenize import tokenize
 from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
 from tests.support.servers import free_port
+from tests.support.two_node_gate import GATE_ENV, MARKER
 from tests.test_ray_cluster import kill_ray_processes_under
 from tests.test_tokenize import read_tokens
 
@@ -129,9 +130,12 @@ def inputs(tmp_path_factory):
     return root, raw, tok
 
 
-def driver(address, prefix, raw, tok, workers: int, cpu: float = 1, lease: str | None = None) -> subprocess.Popen:
-    """`lease`: the step lease's `heartbeat,stale` seconds (default: LeaseSettings())."""
-    env = subprocess_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+def driver(address, prefix, raw, tok, workers: int, cpu: float = 1, lease: str | None = None,
+           gate: bool = False) -> subprocess.Popen:
+    """`lease`: the step lease's `heartbeat,stale` seconds (default: LeaseSettings()). `gate`: the head's process
+    begins its first file only once a task on the worker node has begun one (`support/two_node_gate.py`)."""
+    env = subprocess_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+                         **({GATE_ENV: f"{prefix}-gate"} if gate else {}))
     return subprocess.Popen([BIN / "python", DRIVER, address, prefix, raw, tok, str(workers), str(cpu),
                              *([lease] if lease else [])], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -163,12 +167,13 @@ def test_files_spread_over_both_nodes_then_losing_one_mid_step_still_finishes_id
     reference = tokenize(str(root / "reference"), raw, tok)  # no Ray, one process
     expected = read_tokens(str(root / "reference" / "train"), tok)
 
-    both, out = finish(driver(address, str(root / "both"), raw, tok, workers=3))
+    both, out = finish(driver(address, str(root / "both"), raw, tok, workers=3, gate=True))
     assert both["ok"], out[-4000:]
     assert "by Ray tasks" in out and ", 0 by Ray tasks" not in out  # tasks did some files, not the step alone
+    assert (root / "both-gate" / MARKER).exists()  # the gate was installed and opened by a worker-node task
     assert both["result"]["splits"]["train"]["tokens"] == reference.splits["train"].tokens
 
-    proc = driver(address, str(root / "lost"), raw, tok, workers=3)
+    proc = driver(address, str(root / "lost"), raw, tok, workers=3, gate=True)
     deadline = time.time() + 180
     while not claimed_on(worker_dir, root / "lost") and time.time() < deadline:
         time.sleep(0.1)

@@ -2,11 +2,13 @@
 `materialize_step` protocol with `ray_runner`), so a test can kill a node under it.
 
 argv: address prefix raw tokenizer workers cpu [heartbeat,stale] (the step lease's seconds; default
-LeaseSettings()). Prints one JSON line: the outcome or the error.
+LeaseSettings()). Prints one JSON line: the outcome or the error. With `TWO_NODE_GATE` set (a folder), every
+Ray worker of the job installs `two_node_gate` (the head's process waits for a worker-node task to begin a file).
 """
 
 import json
 import logging
+import os
 import sys
 import time
 
@@ -15,6 +17,7 @@ from marin_assets.core.lease import LeaseSettings
 from marin_assets.execution.ray_runner import ray_runner
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from resources import RayResource
+from tests.support.two_node_gate import GATE_ENV
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
 address, prefix, raw, tok, workers, cpu = sys.argv[1:7]
@@ -25,7 +28,9 @@ if len(sys.argv) > 7:
 dataset = Step(name="raw/two-node", fn=lambda out: None, override_output_path=raw)
 tokenizer = Step(name="tokenizers/two-node", fn=lambda out: None, override_output_path=tok)
 step = tokenize_step("tokenized/two-node", dataset, tokenizer, workers=int(workers), cpu=float(cpu))
-ray = RayResource(address=address)
+gate = os.environ.get(GATE_ENV)
+ray = RayResource(address=address, env_vars={GATE_ENV: gate} if gate else {},
+                  runtime_env={"worker_process_setup_hook": "tests.support.two_node_gate.install"} if gate else {})
 started = time.monotonic()
 try:
     for dep in (dataset, tokenizer):
