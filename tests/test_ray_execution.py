@@ -10,14 +10,14 @@ import time
 import dagster as dg
 import pytest
 
-from marin_assets import Resources, Step, build_definitions
+from marin_assets import Resources, Step, StepDefinitionError, build_definitions
 from marin_assets.core.lease import LeaseLostError
 from marin_assets.core.materialize import materialize_step
 from marin_assets.core.record import read_record
 from marin_assets.core.status import Status
 from marin_assets.core.stores import read_status
 from marin_assets.execution.ray_runner import RemoteTraceback, run_on_ray
-from marin_assets.execution.requests import InfeasibleRequestError, RayRequest
+from marin_assets.execution.requests import InfeasibleRequestError, RayRequest, check_feasible
 from resources import RayResource
 from tests.support.helpers import FAST
 
@@ -196,6 +196,23 @@ def test_tpu_request_mapping_follows_ray_semantics():
     gpu = RayRequest.of(Resources(cpu=4, gpu=2, gpu_type="H100", memory_gb=8))
     assert gpu.task_options() == {"num_cpus": 4, "max_retries": 0, "num_gpus": 2, "memory": 8 * 2**30,
                                   "accelerator_type": "H100"}
+
+
+def test_a_multi_host_request_is_placed_on_distinct_nodes_or_refused_naming_how_many_fit():
+    two = RayRequest.of(Resources(cpu=2, gpu=1, hosts=2))
+    assert (two.hosts, two.placed, two.slice_head) == (2, True, None)
+    assert two.describe() == "{CPU=2, GPU=1} on each of 2 distinct nodes"
+    assert not RayRequest.of(Resources(tpu_type="v4-32")).placed  # a TPU slice has its own driver
+    step = Step(name="train/wide", fn=lambda out: None, resources=Resources(cpu=2, gpu=1, hosts=2))
+    big, small = {"CPU": 8.0, "GPU": 1.0}, {"CPU": 8.0}
+    check_feasible(step, two, [big, big, small])  # two nodes can hold one host each
+    with pytest.raises(InfeasibleRequestError, match=r"'train/wide' needs \{CPU=2, GPU=1\} on each of 2 distinct"
+                                                     r" nodes \(1 of its nodes can hold one\)"):
+        check_feasible(step, two, [big, small, small])
+    with pytest.raises(StepDefinitionError, match="hosts must be at least 1"):
+        Resources(hosts=0)
+    with pytest.raises(StepDefinitionError, match=r"a TPU slice's hosts come from its type \(v4-32\)"):
+        Resources(tpu_type="v4-32", hosts=2)
 
 
 def test_result_is_json_roundtrip(prefix, local_ray):

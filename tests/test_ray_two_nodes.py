@@ -33,12 +33,12 @@ DRIVER = ROOT / "tests" / "support" / "two_node_driver.py"
 
 
 class Cluster:
-    """A head (1 CPU) and, while `worker_dir` has processes, a worker node (2 CPUs, `worker-node: 1`), each
-    started with `ray start`. A test asks for the nodes it needs (`two_nodes`, `head_only`), so none relies on
+    """A head (1 CPU) and, while `worker_dir` has processes, a worker node (`worker_cpus` CPUs, `worker-node: 1`),
+    each started with `ray start`. A test asks for the nodes it needs (`two_nodes`, `head_only`), so none relies on
     what an earlier test did to the worker."""
 
-    def __init__(self, port: int, tag: str):
-        self.address, self.tag = f"127.0.0.1:{port}", tag
+    def __init__(self, port: int, tag: str, worker_cpus: int = 2):
+        self.address, self.tag, self.worker_cpus = f"127.0.0.1:{port}", tag, worker_cpus
         self.head_dir = f"/tmp/mrh-{tag}"  # short: Ray's socket paths have a length limit
         self.worker_dirs: list[str] = []
         self.worker_reported_dead = False
@@ -51,7 +51,7 @@ class Cluster:
     def start_worker(self) -> None:
         """A fresh worker node, in a fresh temp dir (the dead one's sockets stay behind in its own)."""
         self.worker_dirs.append(f"/tmp/mrw-{self.tag}-{len(self.worker_dirs)}")
-        ray_start(f"--address={self.address}", "--num-cpus=2", '--resources={"worker-node": 1}',
+        ray_start(f"--address={self.address}", f"--num-cpus={self.worker_cpus}", '--resources={"worker-node": 1}',
                   temp_dir=self.worker_dir)
         self.worker_reported_dead = False
 

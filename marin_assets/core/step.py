@@ -94,10 +94,19 @@ class Resources:
     """TPU slice type (e.g. `v4-8`, `v5e-16`), or None for no TPU."""
     tpu_count: int = 0
     """TPU chips per host (Ray's `{"TPU": n}`); 0 means the whole host when `tpu_type` is set."""
+    hosts: int = 1
+    """Hosts (Ray nodes) the step spans, each running one process with `cpu`, `gpu` and `memory_gb`; more than
+    one: the processes join one JAX program (a multi-node GPU run, or CPU hosts). A TPU slice's hosts come from
+    its `tpu_type`."""
 
     def __post_init__(self) -> None:
         if self.cpu < 0 or self.gpu < 0 or self.tpu_count < 0:
             raise StepDefinitionError(f"resource counts must be non-negative: {self}")
+        if self.hosts < 1:
+            raise StepDefinitionError(f"hosts must be at least 1: {self}")
+        if self.hosts > 1 and self.tpu_type:
+            raise StepDefinitionError(f"a TPU slice's hosts come from its type ({self.tpu_type}),"
+                                      f" not hosts={self.hosts}")
         if self.memory_gb is not None and self.memory_gb <= 0:
             raise StepDefinitionError(f"memory_gb must be positive: {self}")
         if self.tpu_count and not self.tpu_type:

@@ -6,7 +6,10 @@ Ray, as a streaming task that relays what the function prints and logs while it 
 the calling process when the Ray is embedded, so a run of light steps never starts Ray
 (`StepRunner`); starting or joining Ray is timed apart from the step's own work. A multi-host
 TPU slice gets a small driver holding the slice's head resource, which fans out one task per
-host. Requests no node can ever satisfy fail at once (`requests.InfeasibleRequestError`)
+host; a step asking for several hosts otherwise (`Resources.hosts`: GPU nodes, CPU hosts) gets a placement
+group of that many distinct nodes, all or none, and one task per host told its place (`core.hosts`): host 0's
+address and a free port for JAX's coordinator, the process count and its id. Host 0's result is the step's.
+Requests no node can ever satisfy fail at once (`requests.InfeasibleRequestError`)
 instead of waiting forever; an interrupted run cancels its task.
 """
 
@@ -15,15 +18,20 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from marin_assets.core.hosts import HostPlace
 from marin_assets.core.interrupt import stopping_on
 from marin_assets.core.lease import LeaseLostError
 from marin_assets.core.light import is_light
 from marin_assets.core.step import Resources, Step
 from marin_assets.execution.relay import StepCall, call_relaying, run_relaying
 from marin_assets.execution.requests import RayRequest, check_feasible
+
+
+class HostLostError(RuntimeError):
+    """A host of a multi-host step died (its node or its worker) while the step ran."""
 
 
 class RemoteTraceback(Exception):
@@ -37,12 +45,28 @@ class RemoteTraceback(Exception):
         return self.text
 
 
-def _remote_functions() -> tuple[Any, Any]:
+def _remote_functions() -> tuple[Any, Any, Any, Any]:
     import ray
 
     @ray.remote(max_retries=0)
     def step_task(call: StepCall, output_path: str, prefix: str, env: dict[str, str], host: int = 0):
         yield from run_relaying(call, output_path, prefix, env, host)
+
+    @ray.remote(max_retries=0, max_calls=1)
+    def host_task(call: StepCall, output_path: str, prefix: str, env: dict[str, str], host: int = 0):
+        """One host of a placed multi-host step; its worker then exits (JAX joins a distributed program once
+        per process: a reused worker could not join the next)."""
+        yield from run_relaying(call, output_path, prefix, env, host)
+
+    @ray.remote(max_retries=0)
+    def coordinator_address() -> str:
+        """`ip:port` on the node of host 0: its address in the cluster and a port free there now."""
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
 
     @ray.remote(max_retries=0)
     def slice_driver(call: StepCall, output_path: str, prefix: str, env: dict[str, str], request: RayRequest):
@@ -68,17 +92,19 @@ def _remote_functions() -> tuple[Any, Any]:
             for gen in hosts:
                 ray.cancel(gen, force=True)
 
-    return step_task, slice_driver
+    return step_task, slice_driver, host_task, coordinator_address
 
 
 @functools.cache
-def _remotes() -> tuple[Any, Any]:
+def _remotes() -> tuple[Any, Any, Any, Any]:
     """The remote functions, defined once per process (and only once Ray is needed)."""
     return _remote_functions()
 
 
-def _multiplex(generators: list[Any], stop: threading.Event | None = None) -> Iterator[tuple]:
-    """Items of several streaming generators as they come; errors propagate."""
+def _multiplex(generators: list[Any], stop: threading.Event | None = None,
+               failed: Callable[[int, BaseException], BaseException] | None = None) -> Iterator[tuple]:
+    """Items of several streaming generators as they come; errors propagate (as `failed(index, error)` says,
+    when given: which generator failed)."""
     import ray
 
     pending = list(generators)
@@ -89,10 +115,16 @@ def _multiplex(generators: list[Any], stop: threading.Event | None = None) -> It
         for gen in ready:
             try:
                 ref = next(gen)  # type: ignore[arg-type]  # a streaming generator: Ray's stubs say ObjectRef
+                item = ray.get(ref)
             except StopIteration:
                 pending.remove(gen)
                 continue
-            yield ray.get(ref)
+            except BaseException as e:
+                said = e if failed is None else failed(generators.index(gen), e)
+                if said is e:
+                    raise
+                raise said from e
+            yield item
 
 
 # --- on the Dagster side ---------------------------------------------------------------------
@@ -151,8 +183,10 @@ def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event,
     if ray_resource.fail_fast:
         check_feasible(step, request, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
     env = {**ray_resource.worker_env(), "MARIN_PREFIX": prefix}
-    step_task, slice_driver = _remotes()
+    step_task, slice_driver, _, _ = _remotes()
     name = f"{step.name_with_hash}".replace("/", ".")
+    if request.placed:
+        return _run_placed(step, output_path, prefix, stop, env, request, name, log, timing)
     if request.hosts > 1:
         gen = slice_driver.options(name=name, num_cpus=0, resources={request.slice_head: 1}).remote(
             StepCall.of(step), output_path, prefix, env, request)
@@ -191,6 +225,88 @@ def run_on_ray(step: Step, output_path: str, prefix: str, stop: threading.Event,
         ray.cancel(gen, force=True)  # interrupted run or lost lease: stop the work, then fail
         log.warning(f"{step.name}: cancelled its Ray task ({type(e).__name__})")
         raise
+
+
+PLACEMENT_LOG_EVERY_S = 60.0
+"""While a placement group waits for nodes (an autoscaler adding them), say so this often."""
+
+
+def _run_placed(step: Step, output_path: str, prefix: str, stop: threading.Event, env: dict[str, str],
+                request: RayRequest, name: str, log: Any, timing: dict[str, float] | None) -> Any:
+    """A step on `request.hosts` distinct nodes: a STRICT_SPREAD placement group (all hosts or none), host 0's
+    coordinator address, then one task per host; host 0's result. Any host failing (its node lost, its error)
+    fails the step at once and stops the others; the group is removed either way."""
+    import ray
+    from ray.exceptions import RayTaskError
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    _, _, host_task, coordinator_address = _remotes()
+    group = placement_group([request.per_node()] * request.hosts, strategy="STRICT_SPREAD", name=name)
+    submitted = time.monotonic()
+    gens: list[Any] = []
+    try:
+        waited_logged = submitted
+        while True:
+            ready, _ = ray.wait([group.ready()], timeout=0.5)
+            if ready:
+                break
+            if stop.is_set():
+                raise LeaseLostError("lease lost while the step waited for its hosts")
+            if time.monotonic() - waited_logged >= PLACEMENT_LOG_EVERY_S:
+                waited_logged = time.monotonic()
+                log.info(f"{step.name}: waiting for {request.describe()} ({waited_logged - submitted:.0f} s so far)")
+
+        def on(host: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=host)
+
+        coordinator = ray.get(coordinator_address.options(num_cpus=0, scheduling_strategy=on(0)).remote())
+        log.info(f"{step.name}: running on Ray with {request.describe()}; JAX coordinator at {coordinator}")
+        options = {k: v for k, v in request.task_options().items() if k != "max_retries"}
+        call = StepCall.of(step)
+        for host in range(request.hosts):
+            place = HostPlace(process_id=host, processes=request.hosts, coordinator=coordinator)
+            gens.append(host_task.options(name=f"{name} host {host}", scheduling_strategy=on(host), **options)
+                        .remote(call, output_path, prefix, {**env, **place.env()}, host))
+        result, finished = None, False
+        def failed(host: int, error: BaseException) -> BaseException:
+            if isinstance(error, RayTaskError):
+                return error  # the function's own error, raised as it is below
+            return HostLostError(f"step {step.name!r}: host {host} of {request.hosts} was lost"
+                                 f" ({type(error).__name__}: {_first_sentences(error)}); the step's other"
+                                 " hosts were stopped. A retry resumes from its last checkpoint.")
+
+        for kind, host, payload in _multiplex(gens, stop, failed):
+            if timing is not None and host == 0 and kind == "started":
+                timing["wait_s"] = time.monotonic() - submitted
+            elif timing is not None and host == 0 and kind == "work":
+                timing["work_s"] = payload
+            elif kind == "log":
+                for line in payload:
+                    log.info(f"[{step.name} host {host}] {line}")
+            elif kind == "result" and host == 0:
+                result, finished = payload, True
+        if not finished:
+            raise RuntimeError(f"step {step.name!r}: host 0's Ray task ended without a result")
+        return result
+    except RayTaskError as e:
+        cause = e.cause if isinstance(getattr(e, "cause", None), BaseException) else None
+        if cause is None:
+            raise
+        raise cause from RemoteTraceback(str(e))
+    except BaseException as e:
+        if gens:
+            log.warning(f"{step.name}: stopping its {request.hosts} hosts' Ray tasks ({type(e).__name__})")
+        raise
+    finally:
+        for gen in gens:
+            ray.cancel(gen, force=True)  # the hosts still in a collective with a failed one would wait forever
+        remove_placement_group(group)
+
+
+def _first_sentences(error: BaseException, count: int = 2) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return ". ".join(text.split(". ")[:count]).rstrip(".") + "."
 
 
 class StepRunner:

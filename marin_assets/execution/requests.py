@@ -45,7 +45,8 @@ class RayRequest:
     accelerator_type: str | None = None
     resources: dict[str, float] = field(default_factory=dict)
     hosts: int = 1
-    """More than one: a multi-host TPU slice, run by a driver holding `slice_head`."""
+    """More than one: a multi-host TPU slice, run by a driver holding `slice_head`, or (no `slice_head`) that
+    many distinct nodes held together by a placement group."""
     slice_head: str | None = None
 
     @classmethod
@@ -59,7 +60,8 @@ class RayRequest:
             if hosts == 1:
                 resources[head] = 1.0
             return cls(num_cpus=r.cpu, memory=_bytes(r.memory_gb), resources=resources, hosts=hosts, slice_head=head)
-        return cls(num_cpus=r.cpu, num_gpus=r.gpu, memory=_bytes(r.memory_gb), accelerator_type=r.gpu_type)
+        return cls(num_cpus=r.cpu, num_gpus=r.gpu, memory=_bytes(r.memory_gb), accelerator_type=r.gpu_type,
+                   hosts=r.hosts)
 
     def task_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_retries": 0}
@@ -85,8 +87,15 @@ class RayRequest:
         need.update(self.resources)
         return {k: v for k, v in need.items() if v}
 
+    @property
+    def placed(self) -> bool:
+        """Several hosts on distinct nodes, held together by a placement group (not a TPU slice)."""
+        return self.hosts > 1 and self.slice_head is None
+
     def describe(self) -> str:
         need = _fmt(self.per_node())
+        if self.placed:
+            return f"{need} on each of {self.hosts} distinct nodes"
         return f"{need} on each of {self.hosts} hosts of a {self.slice_head} slice" if self.hosts > 1 else need
 
 
@@ -110,9 +119,12 @@ def check_feasible(step: Step, request: RayRequest, nodes: list[dict[str, float]
 
     need = request.per_node()
     problems = []
-    if not any(fits(n, need) for n in nodes):
+    fitting = sum(fits(n, need) for n in nodes)
+    if request.placed and fitting < request.hosts:
+        problems.append(f"needs {request.describe()} ({fitting} of its nodes can hold one)")
+    elif not fitting:
         problems.append(f"needs {request.describe()} on one node")
-    if request.hosts > 1 and not any(n.get(request.slice_head or "", 0) >= 1 for n in nodes):
+    if request.hosts > 1 and not request.placed and not any(n.get(request.slice_head or "", 0) >= 1 for n in nodes):
         problems.append(f"needs a {request.slice_head} resource (a {request.hosts}-host slice)")
     if problems:
         offered = "; ".join(_fmt(n) for n in nodes) or "no alive nodes"

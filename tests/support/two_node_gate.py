@@ -31,7 +31,7 @@ def install() -> None:
 
     @functools.wraps(original)
     def gated(options, file_and_part):
-        if _on_worker_node():
+        if on_worker_node():
             os.makedirs(folder, exist_ok=True)
             open(marker, "a").close()
         else:
@@ -44,7 +44,8 @@ def install() -> None:
 
 
 @functools.cache
-def _on_worker_node() -> bool:
+def on_worker_node() -> bool:
+    """Whether this Ray worker runs on the test cluster's worker node (the one offering `worker-node`)."""
     import ray
 
     here = ray.get_runtime_context().get_node_id()

@@ -104,7 +104,7 @@ def device_peak(dtype: str = "float32") -> DevicePeak:
     that fray's table lists, else the measured matmul throughput of this device, said to be one."""
     import jax
 
-    device = jax.devices()[0]
+    device = jax.local_devices()[0]  # on a multi-host run, one this process can compute on
     kind, count = str(device.device_kind), jax.device_count()
     listed = datasheet_peak(kind, dtype)
     if listed is not None:

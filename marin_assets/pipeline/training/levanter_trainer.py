@@ -3,8 +3,8 @@
 Imported only inside step functions (on Ray workers).
 - The JSON logger tracker, written to a JSONL file we parse for curves; W&B and TensorBoard beside it
   only when a run's `Tracking` asks (Levanter's default tracker is W&B; an empty tuple is none).
-- No accelerator required (Levanter refuses a CPU by default); no JAX distributed on one host; the JAX
-  platform chosen before Levanter starts JAX.
+- No accelerator required (Levanter refuses a CPU by default); the JAX platform chosen before Levanter starts
+  JAX; a multi-host step's processes joined into one JAX program by us (`join_hosts`), never by Levanter.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from marin_assets.core.hosts import HostPlace
 from marin_assets.pipeline.training.specs import TrainerSpec
 from marin_assets.pipeline.training.tracking import Tracking
 
@@ -150,6 +151,37 @@ def _preemptible_checkpointer_config() -> type:
             return made
 
     return PreemptibleCheckpointerConfig
+
+
+JOIN_TIMEOUT_S = 300
+"""How long a host waits for the others to join its JAX program before failing (a host that never came)."""
+
+
+def join_hosts(who: str) -> HostPlace | None:
+    """Join this process to the other hosts of its step as one JAX program, before JAX starts a backend: JAX's
+    distributed runtime at the coordinator the runner chose (or the one JAX finds on a TPU slice), CPU
+    collectives over gloo. None (and nothing done) on one host; a process already joined stays as it is."""
+    place = HostPlace.from_env()
+    if place is None:
+        return None
+    import jax
+
+    if jax.distributed.is_initialized():
+        return place
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        if place.coordinator:
+            jax.distributed.initialize(place.coordinator, place.processes, place.process_id,
+                                       initialization_timeout=JOIN_TIMEOUT_S)
+        else:
+            jax.distributed.initialize(initialization_timeout=JOIN_TIMEOUT_S)
+    except Exception as e:
+        raise RuntimeError(f"{who}: host {place.process_id} of {place.processes} could not join the step's JAX"
+                           f" program (coordinator {place.coordinator or 'found by JAX'}): {e}") from e
+    logging.getLogger(__name__).info(
+        f"{who}: host {place.process_id} of {place.processes} joined: {jax.device_count()} devices in all,"
+        f" {jax.local_device_count()} here")
+    return place
 
 
 def use_platform(platform: str | None, who: str) -> None:

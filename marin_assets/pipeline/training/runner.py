@@ -129,12 +129,15 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
     from marin_assets.pipeline.training.levanter_model import write_reference_config
     from marin_assets.pipeline.training.levanter_trainer import (
         JsonlMetrics,
+        join_hosts,
         read_metrics,
         restored_root_logging,
         use_platform,
     )
 
     refuse_unsupported_array_store(output_path, f"training ({method.name})")  # before anything is written
+    place = join_hosts(f"training at {output_path}")  # before JAX starts a backend
+    lead = place is None or place.process_id == 0  # writes the run's own files; every host writes checkpoints
     use_platform(platform, f"training at {output_path}")  # before Levanter starts JAX
     remote = "://" in output_path
     if not remote:
@@ -143,9 +146,9 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
     trainer = method.trainer
     arrays = s3_arrays([output_path, *method.caches.values()])  # checkpoints written, caches read
     with arrays, tempfile.TemporaryDirectory(prefix="marin-train-") as scratch:
-        local = scratch if remote else output_path
+        local = scratch if remote or not lead else output_path
         metrics_file = os.path.join(local, METRICS_FILE)
-        if remote:
+        if remote and lead:
             _copy_if_exists(join_path(output_path, METRICS_FILE), metrics_file)  # a resumed run appends
         done = checkpoint_steps(run_dir_of(output_path))
         places = RunPlaces(
@@ -165,16 +168,16 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
                     method.entry_point()(config)
                 except Preempted as e:
                     stopped = e
-        if remote:
+        if remote and lead:
             fs, path = fsspec.core.url_to_fs(output_path)
             fs.put(metrics_file, f"{path}/{METRICS_FILE}")
             fs.put(places.reference, f"{path}/reference", recursive=True)
             for folder in (WANDB_DIR, TENSORBOARD_DIR):
                 if os.path.isdir(os.path.join(local, folder)):
                     fs.put(os.path.join(local, folder), f"{path}/{folder}", recursive=True)
-        seconds = training_seconds(output_path, time.monotonic() - started if ran else None)
+        seconds = training_seconds(output_path, time.monotonic() - started if ran and lead else None)
         if stopped is not None:
-            raise _preempted(output_path, stopped, seconds)
+            raise _preempted(output_path, stopped, seconds, write=lead)
         result = summarize(output_path, run_id, trainer, seconds, metrics_file, method.model, method.vocab_size)
         result = replace(result, model=method.model, tokenizer=method.tokenizer_path, vocab_size=method.vocab_size,
                          train_tokens=trainer.num_train_steps * trainer.batch_tokens(method.model),
@@ -183,14 +186,15 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
         return method.finish(result, read_metrics(metrics_file))
 
 
-def _preempted(output_path: str, stopped: Preempted, seconds: float) -> Preempted:
+def _preempted(output_path: str, stopped: Preempted, seconds: float, write: bool = True) -> Preempted:
     """Record why the run stopped (`preempted.json` beside its checkpoints: the step, when SIGTERM came, how long
     the save took) and the error its step fails with: no SUCCESS, and the retry resumes from that checkpoint."""
     done = checkpoint_steps(run_dir_of(output_path))
     signalled = preemption_received_at()
     why = {"reason": "SIGTERM (preemption)", "message": str(stopped), "checkpoint_step": done[-1] if done else None,
            "signal_time": signalled, "stopped_time": time.time(), "training_seconds": seconds}
-    atomic_write(join_path(output_path, PREEMPTED_FILE), json.dumps(why, indent=2).encode())
+    if write:
+        atomic_write(join_path(output_path, PREEMPTED_FILE), json.dumps(why, indent=2).encode())
     at = f"step {done[-1]}" if done else "no step"
     return Preempted(f"training at {output_path} {stopped}; its last checkpoint is {at}: a retry resumes from it"
                      f" (why: {PREEMPTED_FILE})")

@@ -151,19 +151,22 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
                weights: Weights | None = None, validation: dict[str, Step] | None = None,
                cpu: float = 1, tpu_type: str | None = None, *, init_from: InitFrom | None = None,
                budget: TokenBudget | None = None, gpu: float = 0, gpu_type: str | None = None,
-               tracking: Tracking | None = None, method_type: type[LmTraining] | None = None) -> TrainStep:
+               tracking: Tracking | None = None, method_type: type[LmTraining] | None = None,
+               hosts: int = 1) -> TrainStep:
     """A training step on a mixture: `train` components (default weight 1), `validation` ones weight 0.
 
     `weights` are constant or staged — (start step, weights) pairs, the first at step 0; a component a
     stage leaves out has weight 0 then. `init_from` (`from_hf`, `from_checkpoint`) starts from other
-    weights; `budget` limits tokens; `gpu=N` trains on N CUDA GPUs. Mixing caches of different tokenizers
-    is an error here when the caches are `TokenizeStep`s (which know their tokenizer step), and when the
-    run starts otherwise (their fingerprints), as is data that cannot fill one batch. `tracking` (W&B,
-    TensorBoard) is how the run is watched, not part of its identity; `method_type` is the method on the
-    runner (`sft_step` passes its own), not part of identity either: it configures the same computation.
+    weights; `budget` limits tokens; `gpu=N` trains on N CUDA GPUs; `hosts=N` on N hosts (Ray nodes), each
+    with `cpu` and `gpu`, as one JAX program (a TPU slice's hosts come from `tpu_type`). Mixing caches of
+    different tokenizers is an error here when the caches are `TokenizeStep`s (which know their tokenizer
+    step), and when the run starts otherwise (their fingerprints), as is data that cannot fill one batch.
+    `tracking` (W&B, TensorBoard) is how the run is watched, not part of its identity; `method_type` is the
+    method on the runner (`sft_step` passes its own), not part of identity either: it configures the same
+    computation.
 
     Identity: `train` and `validation` with their `weights`, `model`, `optimizer`, `trainer`, `budget` (when given),
-    `init_from` (and the caches); not `cpu`, `tpu_type`, `gpu`, `gpu_type`, `tracking` nor `method_type`.
+    `init_from` (and the caches); not `cpu`, `tpu_type`, `gpu`, `gpu_type`, `hosts`, `tracking` nor `method_type`.
     """
     components = {**train, **(validation or {})}
     stages = as_stages(weights if weights is not None else {k: 1.0 for k in train})
@@ -232,7 +235,7 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
         fn=run,
         deps=[components[k] for k in names] + ([init_from.source] if init_from and init_from.source else []),
         hash_attrs=hash_attrs,
-        resources=Resources(cpu=cpu, gpu=gpu, gpu_type=gpu_type, tpu_type=tpu_type),
+        resources=Resources(cpu=cpu, gpu=gpu, gpu_type=gpu_type, tpu_type=tpu_type, hosts=hosts),
         kind="train",
         description=made_by(train_lm),
         kinds=["levanter", "jax"],

@@ -1,0 +1,155 @@
+"""A training step spanning two hosts: two Ray nodes on one machine (a head and a worker, each started with
+`ray start`, one CPU each), one JAX process on each, joined by the runner into one JAX program (CPU collectives
+over gloo). Its loss curve is the one-process run's with the same global batch; its checkpoints load in a
+one-process evaluation; a host lost mid-run fails the step at once, and the retry resumes from the last
+checkpoint to the uninterrupted run's final loss. Steps are materialized by a separate driver process
+(`support/multihost_driver.py`), through `materialize_step` and `ray_runner` as the Dagster asset does.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from marin_assets.core.status import Status
+from marin_assets.core.stores import read_status
+from marin_assets.pipeline.training.checkpoints import checkpoint_steps
+from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
+from tests.support.multihost_pause import MARKER, PAUSE_ENV
+from tests.support.servers import free_port
+from tests.test_ray_cluster import kill_ray_processes_under
+from tests.test_ray_two_nodes import HEALTH_CHECKS, Cluster, processes_under, ray_start
+
+DRIVER = ROOT / "tests" / "support" / "multihost_driver.py"
+LOSS_TOLERANCE = 1e-5
+"""Two hosts against one process, per step: measured at most 9.5e-7 (float32 sums in another order: each host
+reduces its half of the batch, then the hosts add the halves)."""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head and a worker node, one CPU each: a two-host step takes one from each (its placement group)."""
+    nodes = Cluster(free_port(), uuid.uuid4().hex[:6], worker_cpus=1)
+    try:
+        ray_start("--head", f"--port={nodes.address.rsplit(':', 1)[1]}", "--num-cpus=1", "--include-dashboard=false",
+                  temp_dir=nodes.head_dir, **HEALTH_CHECKS)
+        nodes.start_worker()
+        nodes.wait_for_worker_node("present")
+        yield nodes
+    finally:
+        dirs = [*nodes.worker_dirs, nodes.head_dir]
+        for folder in dirs:
+            kill_ray_processes_under(folder)
+        deadline = time.time() + 20
+        while any(processes_under(folder) for folder in dirs) and time.time() < deadline:
+            time.sleep(0.2)
+        for folder in dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multihost")
+    raw, tok = corpus_and_tokenizer(root, train_documents=300, validation_documents=30, seed=1, shards=1)
+    return root, raw, tok
+
+
+def driver(address: str, prefix, raw, tok, hosts: int, evaluate: bool = False,
+           pause: str | None = None) -> subprocess.Popen:
+    """`address`: a Ray cluster, or `here` (no Ray: one process). `pause`: `step:folder` (`support/multihost_pause`)."""
+    env = subprocess_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", **({PAUSE_ENV: pause} if pause else {}))
+    return subprocess.Popen([BIN / "python", DRIVER, address, str(prefix), raw, tok, str(hosts),
+                             *(["eval"] if evaluate else [])], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen) -> tuple[dict, str]:
+    out, _ = proc.communicate(timeout=480)  # a bound against a hang, never a timing assertion
+    lines = [line for line in out.splitlines() if line.startswith('{"ok"')]
+    assert lines, out[-4000:]
+    return json.loads(lines[-1]), out
+
+
+@pytest.fixture(scope="module")
+def one_process(data):
+    root, raw, tok = data
+    done, out = finish(driver("here", root / "one", raw, tok, hosts=1, evaluate=True))
+    assert done["ok"], out[-4000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def two_hosts(cluster, data):
+    root, raw, tok = data
+    done, out = finish(driver(cluster.address, root / "two", raw, tok, hosts=2, evaluate=True))
+    assert done["ok"], out[-4000:]
+    return done, out
+
+
+def test_two_hosts_train_as_one_jax_program_with_the_one_process_loss_curve(one_process, two_hosts):
+    two, out = two_hosts
+    assert (one_process["devices"], two["devices"]) == (1, 2)  # the record counts both hosts' devices
+    for host in (0, 1):  # each host joined the program the runner set up, and knows it holds half the devices
+        assert f"host {host} of 2 joined: 2 devices in all, 1 here" in out, out[-4000:]
+    assert "JAX coordinator at " in out
+    steps = [s for s, _ in one_process["loss_curve"]]
+    assert steps == [s for s, _ in two["loss_curve"]] == list(range(12))
+    gaps = [abs(a - b) for (_, a), (_, b) in zip(one_process["loss_curve"], two["loss_curve"], strict=True)]
+    print("step  one process  two hosts   |gap|")
+    for (s, a), (_, b), gap in zip(one_process["loss_curve"], two["loss_curve"], gaps, strict=True):
+        print(f"{s:>4}  {a:.7f}  {b:.7f}  {gap:.1e}")
+    assert max(gaps) <= LOSS_TOLERANCE, gaps
+    assert two["checkpoint_steps"] == one_process["checkpoint_steps"] == [4, 8, 11]
+    # the checkpoint both hosts wrote, loaded by one process, scores what the one-process run's checkpoint scores
+    one_eval, two_eval = one_process["eval"]["result"], two["eval"]["result"]
+    assert two_eval["checkpoint"].startswith(two["checkpoint_dir"]) and two_eval["step"] == 11
+    assert abs(one_eval["loss"] - two_eval["loss"]) <= LOSS_TOLERANCE, (one_eval, two_eval)
+    print(f"evaluation in one process: one-process checkpoint {one_eval['loss']:.7f},"
+          f" two-host checkpoint {two_eval['loss']:.7f}")
+
+
+def test_a_host_lost_mid_run_fails_the_step_at_once_and_the_retry_resumes_to_the_same_loss(cluster, data, two_hosts):
+    root, raw, tok = data
+    proc = driver(cluster.address, root / "lost", raw, tok, hosts=2, pause=f"4:{root / 'pause'}")
+    deadline = time.time() + 420
+    while not (root / "pause" / MARKER).exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert (root / "pause" / MARKER).exists(), proc.stdout.read()[-4000:] if proc.poll() is not None else "no pause"
+    (output,) = (root / "lost" / "checkpoints").glob("multihost_*")
+    run_dir = next(p for p in (output / "checkpoints").iterdir() if p.is_dir())
+    assert checkpoint_steps(str(run_dir)) == [4]  # the paused host waits after step 4's checkpoint, the other for it
+    killed_at = time.monotonic()
+    kill_ray_processes_under(cluster.worker_dir)  # host 1's node dies: raylet, worker, its JAX process
+    failed, out = finish(proc)
+    failed_after = time.monotonic() - killed_at
+    assert not failed["ok"] and "HostLostError" in failed["error"], failed
+    lost = (root / "pause" / MARKER).read_text()  # the host id on the killed node
+    assert f"host {lost} of 2 was lost" in failed["error"] and "checkpoints/multihost" in failed["error"], failed
+    print(failed["error"])
+    status = read_status(str(output))
+    assert status is not None and status.status is Status.FAILED  # no SUCCESS on the partial run
+    assert checkpoint_steps(str(run_dir)) == [4]
+    cluster.start_worker()  # a replacement node
+    cluster.wait_for_worker_node("present")
+    retried = time.monotonic()
+    resumed, out = finish(driver(cluster.address, root / "lost", raw, tok, hosts=2))
+    assert resumed["ok"], out[-4000:]
+    assert "Resuming training from step 5" in out, out[-4000:]
+    assert resumed["checkpoint_steps"] == [4, 8, 11]
+    uninterrupted = two_hosts[0]["loss_curve"]
+    assert abs(resumed["loss_curve"][-1][1] - uninterrupted[-1][1]) <= LOSS_TOLERANCE, (resumed, uninterrupted)
+    print(f"host lost: the step failed {failed_after:.1f} s after the kill; the retry resumed from step 4 and"
+          f" finished in {time.monotonic() - retried:.1f} s; final loss {resumed['loss_curve'][-1][1]:.7f}"
+          f" (uninterrupted {uninterrupted[-1][1]:.7f})")
+
+
+def test_more_hosts_than_distinct_nodes_fails_at_once_naming_the_request(cluster, data):
+    root, raw, tok = data
+    failed, out = finish(driver(cluster.address, root / "three", raw, tok, hosts=3))
+    assert not failed["ok"] and "InfeasibleRequestError" in failed["error"], failed
+    assert "on each of 3 distinct nodes (2 of its nodes can hold one)" in failed["error"], failed["error"]
+    assert os.path.isdir(root / "three" / "tokenized")  # what came before the step is done and kept
