@@ -58,13 +58,15 @@ def data(tmp_path_factory):
     return root, raw, tok
 
 
-def driver(address: str, prefix, raw, tok, hosts: int, evaluate: bool = False,
-           pause: str | None = None) -> subprocess.Popen:
-    """`address`: a Ray cluster, or `here` (no Ray: one process). `pause`: `step:folder` (`support/multihost_pause`)."""
-    env = subprocess_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", **({PAUSE_ENV: pause} if pause else {}))
+def driver(address: str, prefix, raw, tok, hosts: int, evaluate: bool = False, pause: str | None = None,
+           layout: str | None = None, **env_extra: str) -> subprocess.Popen:
+    """`address`: a Ray cluster, or `here` (no Ray: one process). `pause`: `step:folder` (`support/multihost_pause`);
+    `layout`: `replica,model` (a `DeviceLayout`)."""
+    env = subprocess_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", **({PAUSE_ENV: pause} if pause else {}),
+                         **env_extra)
     return subprocess.Popen([BIN / "python", DRIVER, address, str(prefix), raw, tok, str(hosts),
-                             *(["eval"] if evaluate else [])], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                             *(["eval"] if evaluate else []), *([f"layout={layout}"] if layout else [])],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc: subprocess.Popen) -> tuple[dict, str]:
@@ -93,6 +95,8 @@ def two_hosts(cluster, data):
 def test_two_hosts_train_as_one_jax_program_with_the_one_process_loss_curve(one_process, two_hosts):
     two, out = two_hosts
     assert (one_process["devices"], two["devices"]) == (1, 2)  # the record counts both hosts' devices
+    assert (one_process["hosts"], two["hosts"]) == (1, 2) and two["device_mesh"] == {"data": 2}
+    assert one_process["hash"] == two["hash"]  # hosts are how, not what: one identity
     for host in (0, 1):  # each host joined the program the runner set up, and knows it holds half the devices
         assert f"host {host} of 2 joined: 2 devices in all, 1 here" in out, out[-4000:]
     assert "JAX coordinator at " in out
@@ -153,3 +157,25 @@ def test_more_hosts_than_distinct_nodes_fails_at_once_naming_the_request(cluster
     assert not failed["ok"] and "InfeasibleRequestError" in failed["error"], failed
     assert "on each of 3 distinct nodes (2 of its nodes can hold one)" in failed["error"], failed["error"]
     assert os.path.isdir(root / "three" / "tokenized")  # what came before the step is done and kept
+
+
+def test_a_device_layout_changes_how_four_devices_split_not_the_loss_nor_the_identity(data, one_process):
+    """Four XLA host devices in one process: two pure data-parallel replicas of two-way FSDP, and two-way tensor
+    parallelism (Levanter's default, FSDP over every device, is the two-host test's): the mesh each run recorded,
+    one identity, and loss curves equal to the one-device run's within float32 summation order."""
+    root, raw, tok = data
+    four = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    runs = {}
+    for name, layout in (("replicas", "2,1"), ("tensor", "1,2")):
+        done, out = finish(driver("here", root / f"layout-{name}", raw, tok, hosts=1, layout=layout, **four))
+        assert done["ok"], out[-4000:]
+        runs[name] = done
+    assert runs["replicas"]["device_mesh"] == {"data": 2, "replica": 2}
+    assert runs["tensor"]["device_mesh"] == {"data": 2, "model": 2}
+    assert {run["devices"] for run in runs.values()} == {4}
+    assert {run["hash"] for run in runs.values()} == {one_process["hash"]}
+    reference = one_process["loss_curve"]
+    for name, run in runs.items():
+        gap = max(abs(a - b) for (_, a), (_, b) in zip(reference, run["loss_curve"], strict=True))
+        print(f"layout {name} {run['device_mesh']}: largest loss gap to one device {gap:.1e}")
+        assert gap <= LOSS_TOLERANCE, (name, gap)

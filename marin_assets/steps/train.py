@@ -19,6 +19,7 @@ from marin_assets.pipeline.training.rl.step import RlSpec, rl_step
 from marin_assets.pipeline.training.sft.step import SFT_OPTIMIZER, sft_step
 from marin_assets.pipeline.training.sources import from_checkpoint, from_hf
 from marin_assets.pipeline.training.specs import (
+    DeviceLayout,
     MixtureSpec,
     ModelSpec,
     OptimizerSpec,
@@ -38,7 +39,7 @@ __all__ = [
     # where weights start from and where they go
     "from_hf", "from_checkpoint", "hf_model_step", "hf_to_levanter_step", "export_step",
     # specs
-    "ModelSpec", "OptimizerSpec", "TrainerSpec", "TokenBudget", "MixtureSpec", "Tracking", "SpecError",
+    "ModelSpec", "OptimizerSpec", "TrainerSpec", "TokenBudget", "MixtureSpec", "Tracking", "SpecError", "DeviceLayout",
     # what a model's training read
     "training_datasets_of",
 ]

@@ -2,9 +2,10 @@
 as the Dagster asset body does: `materialize_step` with `ray_runner` on a Ray cluster by address, or in this
 process (`address` = `here`).
 
-argv: address prefix raw tokenizer hosts [eval]. With `MULTIHOST_PAUSE` set (`step:folder`), every Ray worker of the
-job installs `multihost_pause` (host 1 stops after saving the checkpoint of that step, for the test to kill its
-node). Prints one JSON line: the outcome (the training record's fields the tests read) or the error.
+argv: address prefix raw tokenizer hosts [eval] [layout=REPLICA,MODEL] (a `DeviceLayout`). With
+`MULTIHOST_PAUSE` set (`step:folder`), every Ray worker of the job installs `multihost_pause` (the host on the
+worker node stops after saving the checkpoint of that step, for the test to kill its node). Prints one JSON
+line: the outcome (the training record's fields the tests read) or the error.
 """
 
 import json
@@ -18,7 +19,7 @@ from marin_assets.execution.ray_runner import ray_runner
 from marin_assets.pipeline.evals.loss import loss_eval_step
 from marin_assets.pipeline.tokens.tokenize import tokenize_step
 from marin_assets.pipeline.training.pretrain.step import train_step
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.specs import DeviceLayout, ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.training.training_run import TrainResult
 from resources import RayResource
 from tests.support.multihost_pause import PAUSE_ENV
@@ -29,12 +30,14 @@ TRAINER = TrainerSpec(num_train_steps=12, train_batch_size=4, checkpoint_every=4
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
 address, prefix, raw, tok, hosts = sys.argv[1:6]
-evaluate = sys.argv[6:7] == ["eval"]
+evaluate = "eval" in sys.argv[6:]
+layouts = [a.removeprefix("layout=") for a in sys.argv[6:] if a.startswith("layout=")]
+layout = DeviceLayout(*(int(x) for x in layouts[0].split(","))) if layouts else None
 dataset = Step(name="raw/multihost", fn=lambda out: None, override_output_path=raw)
 tokenizer = Step(name="tokenizers/multihost", fn=lambda out: None, override_output_path=tok)
 tokenized = tokenize_step("tokenized/multihost", dataset, tokenizer)
 train = train_step("checkpoints/multihost", {"data": tokenized}, TINY, OptimizerSpec(learning_rate=1e-2), TRAINER,
-                   hosts=int(hosts))
+                   hosts=int(hosts), layout=layout)
 pause = os.environ.get(PAUSE_ENV)
 ray = None
 if address != "here":
@@ -48,7 +51,8 @@ try:
     materialize_step(train, prefix=prefix, **({"run_fn": ray_runner(ray, logging.getLogger("driver"))} if ray else {}))
     record = load_result(train.output_path_under(prefix), TrainResult)
     out = {"ok": True, "seconds": time.monotonic() - started, "loss_curve": record.loss_curve,
-           "devices": record.cost.device_count if record.cost else None,
+           "devices": record.cost.device_count if record.cost else None, "hosts": record.hosts,
+           "device_mesh": record.device_mesh, "hash": train.hash,
            "checkpoint_steps": record.checkpoint_steps, "checkpoint_dir": record.checkpoint_dir}
     if evaluate:
         check = loss_eval_step("evals/multihost", train, {"data": tokenized})

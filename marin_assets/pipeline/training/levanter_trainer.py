@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from marin_assets.core.hosts import HostPlace
-from marin_assets.pipeline.training.specs import TrainerSpec
+from marin_assets.pipeline.training.specs import DeviceLayout, TrainerSpec
 from marin_assets.pipeline.training.tracking import Tracking
 
 JAX_BACKENDS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "gpu": "gpu", "tpu": "tpu"}
@@ -93,16 +93,18 @@ def tracker_configs(tracking: Tracking | None, run_id: str, output_dir: str, met
 
 def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_logger: str,
                    checkpoint_dir: str | None = None, require_accelerator: bool = False,
-                   tracking: Tracking | None = None):
+                   tracking: Tracking | None = None, layout: DeviceLayout | None = None):
     """Levanter's trainer config for a `TrainerSpec`: offline, JSON metrics, checkpoints under `checkpoint_root`.
 
     `trainer.num_train_steps` is the run's length (a `TokenBudget` has already been applied to it);
-    `tracking`: W&B and TensorBoard beside the JSON metrics (`tracker_configs`).
+    `tracking`: W&B and TensorBoard beside the JSON metrics (`tracker_configs`); `layout`: how the devices are
+    split (None: Levanter's default mesh, every device on the FSDP `data` axis).
     """
     import jmp
     from levanter.callbacks.watch import WatchConfig
     from levanter.distributed import DistributedConfig
     from levanter.trainer import TrainerConfig
+    from levanter.utils.mesh import MeshConfig
 
     # Every K steps until the one before last; Levanter forces a permanent checkpoint of the last step when
     # training ends (a policy saving it too would write it twice).
@@ -119,7 +121,8 @@ def trainer_config(trainer: TrainerSpec, run_id: str, output_dir: str, metrics_l
             base_path=checkpoint_dir or os.path.join(output_dir, "checkpoints"), save_interval=timedelta(minutes=30),
             keep=keep),
         require_accelerator=require_accelerator,
-        distributed=DistributedConfig(initialize_jax_distributed=False),
+        distributed=DistributedConfig(initialize_jax_distributed=False),  # `join_hosts` joins a multi-host step
+        mesh=layout.mesh_config() if layout is not None else MeshConfig(),
         watch=WatchConfig(watch_targets=[]), log_jaxprs=False, log_xla_hlo=False,
     )
 

@@ -25,6 +25,7 @@ from marin_assets.core.preemption import received_at as preemption_received_at
 from marin_assets.core.step import Resources
 from marin_assets.pipeline.training.checkpoints import checkpoint_steps, run_dir_of
 from marin_assets.pipeline.training.specs import (
+    DeviceLayout,
     ModelSpec,
     TrainerSpec,
 )
@@ -65,6 +66,8 @@ class RunPlaces:
     initialize from other weights."""
     platform: str | None
     """The JAX platform the run trains on (`cuda`, `tpu`; None: JAX's choice under `JAX_PLATFORMS`)."""
+    layout: DeviceLayout | None = None
+    """How the run splits its devices (`trainer_config(..., layout=…)`; None: Levanter's default mesh)."""
 
 
 class TrainingMethod(Protocol):
@@ -121,7 +124,8 @@ class TrainingMethod(Protocol):
 
 
 def run_training(output_path: str, method: TrainingMethod, *, platform: str | None = None,
-                 tracking: Tracking | None = None, initialized_from: str | None = None) -> TrainResult:
+                 tracking: Tracking | None = None, initialized_from: str | None = None,
+                 layout: DeviceLayout | None = None) -> TrainResult:
     """Run `method` to its last step at `output_path`, resuming from the run's last checkpoint, and return
     its record: metrics copied beside the checkpoints, wall time summed over every attempt that trained,
     the trackers' places, the cost. A finished run is summarized again without training."""
@@ -155,7 +159,7 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
             output_path=output_path, run_id=run_id, local_dir=local, scratch=scratch,
             checkpoints=join_path(output_path, "checkpoints"), hf_save_path=join_path(output_path, "hf"),
             reference=write_reference_config(method.model, method.vocab_size, os.path.join(local, "reference")),
-            metrics_logger=f"marin.metrics.{run_id}", resuming=bool(done), platform=platform)
+            metrics_logger=f"marin.metrics.{run_id}", resuming=bool(done), platform=platform, layout=layout)
         config = method.config(places)
         started = time.monotonic()
         # A finished run is not called again: Levanter would run its final hooks, rewriting the last checkpoint
@@ -182,6 +186,7 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
         result = replace(result, model=method.model, tokenizer=method.tokenizer_path, vocab_size=method.vocab_size,
                          train_tokens=trainer.num_train_steps * trainer.batch_tokens(method.model),
                          initialized_from=initialized_from, method=method.name,
+                         hosts=1 if place is None else place.processes, device_mesh=_device_mesh(layout),
                          tracking=tracking_result(tracking, config.trainer.tracker, output_path, local))
         return method.finish(result, read_metrics(metrics_file))
 
@@ -198,6 +203,15 @@ def _preempted(output_path: str, stopped: Preempted, seconds: float, write: bool
     at = f"step {done[-1]}" if done else "no step"
     return Preempted(f"training at {output_path} {stopped}; its last checkpoint is {at}: a retry resumes from it"
                      f" (why: {PREEMPTED_FILE})")
+
+
+def _device_mesh(layout: DeviceLayout | None) -> dict[str, int]:
+    """The mesh axes Levanter built for `layout` on this run's devices (every host's), axes of size 1 left out."""
+    import jax
+
+    config = layout.mesh_config() if layout is not None else DeviceLayout().mesh_config()
+    ici, dcn = config.axis_shapes(jax.device_count(), 1)
+    return {axis: size for axis, size in {**ici, **dcn}.items() if size > 1} or {"data": 1}
 
 
 def tracking_result(tracking: Tracking | None, trackers: Any, output_path: str, local: str) -> TrackingResult | None:

@@ -1,9 +1,9 @@
 """Typed settings of training and evaluation: the hash_attrs of train, export and eval steps.
 
 Plain frozen dataclasses with defaults that train on a laptop CPU; every field changes the
-output and so enters identity. They are translated into Levanter configs only inside the step
-function (`levanter_model.py`, `levanter_data.py`, `levanter_trainer.py`), so defining experiments
-never imports Levanter.
+output and so enters identity (`DeviceLayout` alone is how a run computes, not what: never identity).
+They are translated into Levanter configs only inside the step function (`levanter_model.py`,
+`levanter_data.py`, `levanter_trainer.py`), so defining experiments never imports Levanter.
 """
 
 from __future__ import annotations
@@ -181,6 +181,29 @@ class TrainerSpec:
     def batch_tokens(self, model: ModelSpec) -> int:
         """Tokens in one training batch: train_batch_size × seq_len."""
         return self.train_batch_size * model.seq_len
+
+
+@dataclass(frozen=True)
+class DeviceLayout:
+    """How a run splits its devices (Levanter's mesh): `replica` copies × `model`-way tensor parallel × the rest as
+    `data` (Levanter's default: the batch split and the parameters sharded over it, FSDP). It changes how a run
+    computes, not what: not part of identity (the loss differs by float32 summation order only; docs/production.md
+    has the measured difference)."""
+
+    replica: int = 1
+    """Pure data-parallel copies: the batch split across them, the parameters replicated in each."""
+    model: int = 1
+    """Tensor parallelism: attention heads and MLP columns split this many ways (it must divide both)."""
+
+    def __post_init__(self) -> None:
+        if self.replica < 1 or self.model < 1:
+            raise SpecError(f"a device layout's axes must be at least 1, got {self}")
+
+    def mesh_config(self) -> Any:
+        """Levanter's `MeshConfig`: `data` absorbs the devices `replica` and `model` leave."""
+        from levanter.utils.mesh import MeshConfig
+
+        return MeshConfig(axes={"data": -1, "replica": self.replica, "model": self.model})
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,11 @@ class TrainResult:
     """Parameters, FLOPs, tokens/s, MFU and device-hours (None in records made before it was recorded)."""
     tracking: TrackingResult | None = None
     """Where W&B and TensorBoard logged the run (None: only the JSON metrics file)."""
+    hosts: int = 1
+    """Hosts (JAX processes) the run trained on, joined as one program."""
+    device_mesh: dict[str, int] | None = None
+    """How its devices were split, Levanter's mesh axes → sizes (`data`: FSDP, `replica`: pure data parallel,
+    `model`: tensor parallel); None in records made before it was recorded."""
     method: str | None = None
     """The training method that made it (`train_lm`, `sft`, `dpo`, `rl`; None in records made before it was
     recorded)."""

@@ -31,6 +31,7 @@ from marin_assets.pipeline.training.sources import (
     source_mismatches,
 )
 from marin_assets.pipeline.training.specs import (
+    DeviceLayout,
     ModelSpec,
     OptimizerSpec,
     SpecError,
@@ -107,7 +108,7 @@ class LmTraining:
             model=model_config(self.model, places.reference, self.tokenizer_path),
             trainer=trainer_config(self.trainer, places.run_id, places.local_dir, places.metrics_logger,
                                    places.checkpoints, require_accelerator=places.platform not in (None, "cpu"),
-                                   tracking=self.tracking),
+                                   tracking=self.tracking, layout=places.layout),
             optimizer=optimizer_config(self.optimizer),
             initialize_from_hf=start.path if start is not None and start.model is None else False,
             initialize_model_from_checkpoint_path=None if start is None or start.model is None else start.path,
@@ -122,14 +123,16 @@ class LmTraining:
 def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weights: Weights,
              model: ModelSpec, optimizer: OptimizerSpec, trainer: TrainerSpec, budget: TokenBudget | None = None,
              init: InitWeights | None = None, platform: str | None = None, *,
-             tracking: Tracking | None = None, method_type: type[LmTraining] | None = None) -> TrainResult:
+             tracking: Tracking | None = None, method_type: type[LmTraining] | None = None,
+             layout: DeviceLayout | None = None) -> TrainResult:
     """Train a language model with Levanter on a mixture of Levanter caches (resumes if interrupted).
 
     `weights`: constant or staged; `budget`: stop after N tokens and/or read only the first N tokens of
     a component; `init`: the weights to start from (random when None); `platform`: the JAX platform to
     train on (`cuda`, `tpu`; None: whatever JAX picks under `JAX_PLATFORMS`); `tracking`: W&B and/or
     TensorBoard beside the JSON metrics (files under the output's `wandb/` and `tensorboard/`); `method_type`:
-    the method on the runner (default `LmTraining`; SFT passes `sft.SftTraining`).
+    the method on the runner (default `LmTraining`; SFT passes `sft.SftTraining`); `layout`: how the devices are
+    split (None: Levanter's default).
     """
     from marin_assets.pipeline.tokens.tokenizer import largest_token_id, load_hf_tokenizer
 
@@ -143,7 +146,7 @@ def train_lm(output_path: str, tokenizer_path: str, caches: dict[str, str], weig
     method = (method_type or LmTraining)(tokenizer_path, caches, weights, model, optimizer, trainer, vocab, budget,
                                          init, tracking)
     return run_training(output_path, method, platform=platform, tracking=tracking,
-                        initialized_from=init.path if init is not None else None)
+                        initialized_from=init.path if init is not None else None, layout=layout)
 
 
 def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec(),
@@ -152,13 +155,14 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
                cpu: float = 1, tpu_type: str | None = None, *, init_from: InitFrom | None = None,
                budget: TokenBudget | None = None, gpu: float = 0, gpu_type: str | None = None,
                tracking: Tracking | None = None, method_type: type[LmTraining] | None = None,
-               hosts: int = 1) -> TrainStep:
+               hosts: int = 1, layout: DeviceLayout | None = None) -> TrainStep:
     """A training step on a mixture: `train` components (default weight 1), `validation` ones weight 0.
 
     `weights` are constant or staged — (start step, weights) pairs, the first at step 0; a component a
     stage leaves out has weight 0 then. `init_from` (`from_hf`, `from_checkpoint`) starts from other
     weights; `budget` limits tokens; `gpu=N` trains on N CUDA GPUs; `hosts=N` on N hosts (Ray nodes), each
-    with `cpu` and `gpu`, as one JAX program (a TPU slice's hosts come from `tpu_type`). Mixing caches of
+    with `cpu` and `gpu`, as one JAX program (a TPU slice's hosts come from `tpu_type`); `layout` splits the
+    devices (`DeviceLayout`; None: Levanter's default, FSDP over every device). Mixing caches of
     different tokenizers is an error here when the caches are `TokenizeStep`s (which know their tokenizer
     step), and when the run starts otherwise (their fingerprints), as is data that cannot fill one batch.
     `tracking` (W&B, TensorBoard) is how the run is watched, not part of its identity; `method_type` is the
@@ -166,7 +170,8 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
     computation.
 
     Identity: `train` and `validation` with their `weights`, `model`, `optimizer`, `trainer`, `budget` (when given),
-    `init_from` (and the caches); not `cpu`, `tpu_type`, `gpu`, `gpu_type`, `hosts`, `tracking` nor `method_type`.
+    `init_from` (and the caches); not `cpu`, `tpu_type`, `gpu`, `gpu_type`, `hosts`, `layout`, `tracking` nor
+    `method_type`.
     """
     components = {**train, **(validation or {})}
     stages = as_stages(weights if weights is not None else {k: 1.0 for k in train})
@@ -221,7 +226,7 @@ def train_step(name: str, train: dict[str, Step], model: ModelSpec = ModelSpec()
                         f" (fingerprint {theirs}), but this run's data was tokenized with {first.tokenizer}"
                         f" (fingerprint {first.tokenizer_fingerprint})")
         return train_lm(out, first.tokenizer, {k: r.path for k, r in results.items()}, stages, model, optimizer,
-                        trainer, budget, init, platform, tracking=tracking, method_type=method_type)
+                        trainer, budget, init, platform, tracking=tracking, method_type=method_type, layout=layout)
 
     hash_attrs: dict[str, Any] = {
         "weights": canonical(stages[0][1]) if len(stages) == 1 else [[s, canonical(w)] for s, w in stages],

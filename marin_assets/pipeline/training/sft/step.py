@@ -23,7 +23,7 @@ from marin_assets.pipeline.tokens.tokenize import TokenizedCache, TokenizeStep
 from marin_assets.pipeline.training.pretrain.step import LmTraining, train_step
 from marin_assets.pipeline.training.runner import RunPlaces
 from marin_assets.pipeline.training.sources import InitFrom, TrainSourceError, model_of
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TokenBudget, TrainerSpec
+from marin_assets.pipeline.training.specs import DeviceLayout, ModelSpec, OptimizerSpec, TokenBudget, TrainerSpec
 from marin_assets.pipeline.training.train_data import TrainDataError, Weights, refuse_preference_caches
 from marin_assets.pipeline.training.training_run import TrainResult, TrainStep
 
@@ -65,14 +65,15 @@ def sft_step(name: str, chat: dict[str, Step], init_from: InitFrom, model: Model
              optimizer: OptimizerSpec = SFT_OPTIMIZER, trainer: TrainerSpec = TrainerSpec(),
              weights: Weights | None = None, validation: dict[str, Step] | None = None, *,
              budget: TokenBudget | None = None, cpu: float = 1, gpu: float = 0,
-             gpu_type: str | None = None) -> TrainStep:
+             gpu_type: str | None = None, hosts: int = 1, layout: DeviceLayout | None = None) -> TrainStep:
     """A training step that fine-tunes the weights `init_from` names (`from_hf(export_step or folder)`,
     `from_checkpoint(train)`) on chat caches — `chat` components train (text caches may join the mixture),
     `validation` ones are evaluated — with loss on assistant tokens only. `model`: None takes the source's (a
     training step's, or the one an export step exports); a plain Hugging Face folder needs it given.
 
     Identity: `train_step`'s: `chat` and `validation` with their `weights`, `model`, `optimizer`, `trainer`,
-    `budget`, `init_from`; not `cpu`, `gpu` nor `gpu_type`.
+    `budget`, `init_from`; not `cpu`, `gpu`, `gpu_type`, `hosts` (several hosts as one JAX program) nor
+    `layout` (how the devices are split: `DeviceLayout`).
     """
     if not isinstance(init_from, InitFrom):
         raise StepDefinitionError(f"SFT step {name!r}: init_from must say where the pretrained weights are:"
@@ -84,7 +85,8 @@ def sft_step(name: str, chat: dict[str, Step], init_from: InitFrom, model: Model
         raise StepDefinitionError(f"SFT step {name!r}: none of its components {sorted(chat)} is a chat cache"
                                   " (chat_tokenize_step); SFT on text caches would train on every token")
     train = train_step(name, chat, model, optimizer, trainer, weights, validation, cpu, init_from=init_from,
-                       budget=budget, gpu=gpu, gpu_type=gpu_type, method_type=SftTraining)
+                       budget=budget, gpu=gpu, gpu_type=gpu_type, method_type=SftTraining, hosts=hosts,
+                       layout=layout)
     trained = sorted(chat)
 
     def run(out: str) -> TrainResult:
