@@ -67,6 +67,8 @@ def test_devices_prices_and_peaks(tmp_path):
     assert (devices_of(Resources(tpu_type="v4-32")).kind, devices_of(Resources(tpu_type="v4-32")).count) == ("v4", 16)
     assert devices_of(Resources(tpu_type="v5e-16")).kind == "v5litepod"
     assert devices_of(Resources(tpu_type="v5e-16")).count == 16
+    assert devices_of(Resources(gpu=8, gpu_type="H100", hosts=2)).count == 16  # every host's GPUs
+    assert devices_of(Resources(cpu=4, hosts=3)).count == 12
     table = PriceTable()
     assert table.price("h100") == DEFAULT_PRICES["h100"] and table.price("a100-40g") == DEFAULT_PRICES["a100"]
     assert table.peak("h100") is not None and table.peak("h100")[0] == pytest.approx(989.5e12)

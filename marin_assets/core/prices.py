@@ -67,7 +67,7 @@ class Devices:
 
 
 def devices_of(resources: Resources) -> Devices:
-    """The devices `resources` ask for: a TPU slice's chips, else the GPUs, else the CPU cores."""
+    """The devices `resources` ask for: a TPU slice's chips, else the GPUs, else the CPU cores (of every host)."""
     if resources.tpu_type:
         generation, _, size = resources.tpu_type.lower().partition("-")
         generation = {"v5e": "v5litepod", "v5lite": "v5litepod", "v6lite": "v6e"}.get(generation, generation)
@@ -76,8 +76,8 @@ def devices_of(resources: Resources) -> Devices:
         return Devices(generation, float(max(chips, 1)))
     if resources.gpu:
         kind = re.sub(r"[^a-z0-9]+", "-", (resources.gpu_type or "gpu").lower()).strip("-")
-        return Devices(kind, float(resources.gpu))
-    return Devices("cpu", float(resources.cpu or 1))
+        return Devices(kind, float(resources.gpu * resources.hosts))
+    return Devices("cpu", float((resources.cpu or 1) * resources.hosts))
 
 
 @dataclass(frozen=True)
