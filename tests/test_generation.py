@@ -243,6 +243,47 @@ def test_bad_requests_are_refused_naming_the_prompt(tiny):
             Sampling(**bad)
 
 
+def test_a_checkpoint_loaded_again_generates_without_compiling(tmp_path_factory, trained):
+    """Two generation steps of one training run on a warm worker each load its Levanter checkpoint: the second load
+    must be the same model to JAX, so its engine reuses the first's compiled prefill and decode. Before, the model's
+    config named a fresh temporary reference folder on every load, and JAX's cache keys on it: the second engine
+    compiled both again (the generation step ran at 0.13 of the engine alone in bench/generation.py)."""
+    import jax
+
+    from marin_assets import load_result
+    from marin_assets.pipeline.evals.kind import Checkpoint
+    from marin_assets.pipeline.evals.token_scores import token_scorer
+    from marin_assets.pipeline.training.training_run import TrainResult
+
+    with looking_inside(tmp_path_factory, "train_bpe") as (steps, _):
+        run = load_result(steps["train_bpe"], TrainResult)
+    model, tokenizer_path = run.model_and_tokenizer()
+    checkpoint = Checkpoint(run.checkpoint_path(), model, tokenizer_path, run.vocab_size)
+    sampling = Sampling(max_tokens=8)
+    compiles: list[str] = []
+
+    def listen(event: str, duration: float, **kwargs) -> None:
+        if event.endswith("backend_compile_duration"):
+            compiles.append(event)
+
+    def load_and_generate(count: bool) -> list:
+        with token_scorer(checkpoint, "checkpoints/inside-bpe") as scorer:
+            generator = Generator(scorer.model, settings=trained.generator.settings,
+                                  vocab_limit=len(scorer.tokenizer), tokenizer=scorer.tokenizer)
+            if count:
+                jax.monitoring.register_event_duration_secs_listener(listen)
+            try:  # twice: the engine's second call resets its state, which compiles once more in a fresh process
+                return [generator.generate(trained.prompts, sampling) for _ in range(2)]
+            finally:
+                if count:
+                    jax.monitoring.unregister_event_duration_listener(listen)
+
+    first = load_and_generate(count=False)
+    again = load_and_generate(count=True)
+    assert compiles == [], compiles
+    assert [[c.tokens for c in row] for row in again[0]] == [[c.tokens for c in row] for row in first[0]]
+
+
 def test_a_model_without_paged_decode_is_refused_by_name():
     with pytest.raises(GenerationError, match="the gpt2 run .* has no paged decode"):
         Generator(object(), settings=EngineSettings(max_seq_len=64), who="the gpt2 run")

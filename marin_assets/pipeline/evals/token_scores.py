@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -183,15 +182,14 @@ def token_scorer(checkpoint: Checkpoint, who: str, batch_size: int = 8) -> Itera
     from levanter.utils.tree_utils import inference_mode
 
     from marin_assets.pipeline.tokens.levanter_cache import levanter_tokenizer
-    from marin_assets.pipeline.training.levanter_model import model_config, write_reference_config
+    from marin_assets.pipeline.training.levanter_model import model_config, shared_reference_config
     from marin_assets.pipeline.training.levanter_trainer import trainer_config
 
     model = checkpoint.model
     vocab = checkpoint.vocab_size or model_vocab_size(checkpoint.tokenizer_path, model.vocab_multiple)
     is_hf = is_hf_model(checkpoint.path)
     with tempfile.TemporaryDirectory(prefix="marin-scores-") as scratch:
-        config = model_config(model, write_reference_config(model, vocab, os.path.join(scratch, "ref")),
-                              checkpoint.tokenizer_path)
+        config = model_config(model, shared_reference_config(model, vocab), checkpoint.tokenizer_path)
         trainer = trainer_config(TrainerSpec(num_train_steps=1, train_batch_size=batch_size), "scores", scratch,
                                  "marin.scores", require_accelerator=checkpoint.platform not in (None, "cpu"))
         with trainer.use_device_mesh():

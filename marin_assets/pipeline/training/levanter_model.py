@@ -13,7 +13,9 @@ Imported only inside step functions (on Ray workers): defining experiments never
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -177,6 +179,26 @@ def write_reference_config(model: ModelSpec, vocab_size: int, directory: str) ->
                                          layer_norm_epsilon=model.norm_epsilon, architectures=["GPT2LMHeadModel"])
     config.save_pretrained(directory)
     return directory
+
+
+def shared_reference_config(model: ModelSpec, vocab_size: int) -> str:
+    """`write_reference_config` in one folder per (model, vocabulary) under the system's temporary folder, written
+    once per machine. A model loaded twice in one process (two generation steps on a warm Ray worker) then has the
+    same Levanter config — its reference path is part of the model's static structure, which JAX's compile cache
+    keys on — so the second reuses what the first compiled (a generation engine's prefill and decode: seconds
+    each) instead of compiling it again for a fresh temporary path."""
+    digest = hashlib.sha256(repr((model, vocab_size)).encode()).hexdigest()[:16]
+    root = os.path.join(tempfile.gettempdir(), f"marin-reference-{os.getuid()}")
+    folder = os.path.join(root, digest)
+    if not os.path.exists(os.path.join(folder, "config.json")):
+        os.makedirs(root, exist_ok=True)
+        staging = tempfile.mkdtemp(dir=root, prefix=".writing-")
+        write_reference_config(model, vocab_size, staging)
+        try:
+            os.replace(staging, folder)  # whole or not at all; another process may have won the race
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    return folder
 
 
 def model_config(model: ModelSpec, reference: str, tokenizer: str):
