@@ -190,6 +190,8 @@ CONFIG_DIFFERENCES = {
     "data.model_vocab_size": "its one more field: a tokenizer view for a rounded-up vocabulary (here the tokenizer's"
                              " own size, checked, so the view changes nothing)",
     "trainer.tracker.logger_name": "the Python logger Levanter's JSON tracker writes to",
+    "trainer.checkpointer": "ours is Levanter's CheckpointerConfig subclassed (its fields still compared): after"
+                            " SIGTERM it saves and stops (preemption); otherwise it is Levanter's checkpointer",
 }
 """Where our config may differ from bare Levanter's, and why that is not a different run."""
 
