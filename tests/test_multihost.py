@@ -8,10 +8,8 @@ checkpoint to the uninterrupted run's final loss. Steps are materialized by a se
 
 import json
 import os
-import shutil
 import subprocess
 import time
-import uuid
 
 import pytest
 
@@ -20,9 +18,8 @@ from marin_assets.core.stores import read_status
 from marin_assets.pipeline.training.checkpoints import checkpoint_steps
 from tests.support.helpers import BIN, ROOT, corpus_and_tokenizer, subprocess_env
 from tests.support.multihost_pause import MARKER, PAUSE_ENV
-from tests.support.servers import free_port
 from tests.test_ray_cluster import kill_ray_processes_under
-from tests.test_ray_two_nodes import HEALTH_CHECKS, Cluster, processes_under, ray_start
+from tests.test_ray_two_nodes import running_cluster
 
 DRIVER = ROOT / "tests" / "support" / "multihost_driver.py"
 LOSS_TOLERANCE = 1e-5
@@ -33,22 +30,9 @@ reduces its half of the batch, then the hosts add the halves)."""
 @pytest.fixture(scope="module")
 def cluster():
     """A head and a worker node, one CPU each: a two-host step takes one from each (its placement group)."""
-    nodes = Cluster(free_port(), uuid.uuid4().hex[:6], worker_cpus=1)
-    try:
-        ray_start("--head", f"--port={nodes.address.rsplit(':', 1)[1]}", "--num-cpus=1", "--include-dashboard=false",
-                  temp_dir=nodes.head_dir, **HEALTH_CHECKS)
-        nodes.start_worker()
+    with running_cluster(worker_cpus=1) as nodes:
         nodes.wait_for_worker_node("present")
         yield nodes
-    finally:
-        dirs = [*nodes.worker_dirs, nodes.head_dir]
-        for folder in dirs:
-            kill_ray_processes_under(folder)
-        deadline = time.time() + 20
-        while any(processes_under(folder) for folder in dirs) and time.time() < deadline:
-            time.sleep(0.2)
-        for folder in dirs:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 
 import numpy as np
 import psutil
@@ -83,7 +84,16 @@ def processes_under(marker: str) -> list[int]:
 @pytest.fixture(scope="module")
 def cluster():
     """The module's Ray cluster: its head, and a worker node to begin with."""
-    nodes = Cluster(free_port(), uuid.uuid4().hex[:6])
+    with running_cluster() as nodes:
+        yield nodes
+    assert not any(processes_under(folder) for folder in [*nodes.worker_dirs, nodes.head_dir])  # no Ray is left
+
+
+@contextlib.contextmanager
+def running_cluster(worker_cpus: int = 2) -> Iterator[Cluster]:
+    """A head (1 CPU) and a worker node (`worker_cpus`), each started with `ray start`; every node's processes
+    killed and folders removed afterwards."""
+    nodes = Cluster(free_port(), uuid.uuid4().hex[:6], worker_cpus=worker_cpus)
     try:
         ray_start("--head", f"--port={nodes.address.rsplit(':', 1)[1]}", "--num-cpus=1", "--include-dashboard=false",
                   temp_dir=nodes.head_dir, **HEALTH_CHECKS)
@@ -98,7 +108,6 @@ def cluster():
             time.sleep(0.2)
         for folder in dirs:
             shutil.rmtree(folder, ignore_errors=True)
-    assert not any(processes_under(folder) for folder in dirs)  # no Ray process is left
 
 
 @pytest.fixture
