@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from marin_assets import load_result, materialize_step
+from marin_assets import StepDefinitionError, load_result, materialize_step
 from marin_assets.core.record import read_record
 from marin_assets.pipeline.data.text_files import expand_files, iter_documents
 from marin_assets.pipeline.evals.harness import HarnessEval
@@ -66,6 +66,18 @@ def test_every_kind_serves_a_final_step_and_partitions_alike(trained, kind_name)
     assert {d.name for d in family.deps} == {d.name for d in kind.deps} == {d.name for d in partition.deps}
     assert family.step(last).hash == partition.hash != family.step(result.checkpoint_steps[0]).hash
     assert eval_step(f"evals/kinds-{kind_name}", kind, train, checkpoint_step=last).hash != final.hash
+
+    # hosts are how, not what: a kind that spans them takes them, one identity; the others refuse them by name
+    if kind.spans_hosts:
+        wide = eval_step(f"evals/kinds-{kind_name}", kind, train, hosts=2)
+        assert wide.resources.hosts == 2 and wide.hash == final.hash
+        assert CheckpointEvals(family.name, train, kind, hosts=2).step(last).hash == partition.hash
+    else:
+        refused = f"{type(kind).__name__} .* runs on one host; it cannot span 2 hosts"
+        with pytest.raises(StepDefinitionError, match=refused):
+            eval_step(f"evals/kinds-{kind_name}", kind, train, hosts=2)
+        with pytest.raises(StepDefinitionError, match=refused):
+            CheckpointEvals(family.name, train, kind, hosts=2)
 
     # the same checkpoint through both steps gives the same numbers
     numbers = {}

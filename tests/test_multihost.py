@@ -2,12 +2,15 @@
 `ray start`, one CPU each), one JAX process on each, joined by the runner into one JAX program (CPU collectives
 over gloo). Its loss curve is the one-process run's with the same global batch; its checkpoints load in a
 one-process evaluation; a host lost mid-run fails the step at once, and the retry resumes from the last
-checkpoint to the uninterrupted run's final loss. Steps are materialized by a separate driver process
-(`support/multihost_driver.py`), through `materialize_step` and `ray_runner` as the Dagster asset does.
+checkpoint to the uninterrupted run's final loss. The reference log-probs, DPO and a loss evaluation on two hosts
+compute what one process computes. Steps are materialized by separate driver processes
+(`support/multihost_driver.py`, `support/multihost_dpo_driver.py`), through `materialize_step` and `ray_runner`
+as the Dagster asset does.
 """
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -22,9 +25,14 @@ from tests.test_ray_cluster import kill_ray_processes_under
 from tests.test_ray_two_nodes import running_cluster
 
 DRIVER = ROOT / "tests" / "support" / "multihost_driver.py"
+DPO_DRIVER = ROOT / "tests" / "support" / "multihost_dpo_driver.py"
 LOSS_TOLERANCE = 1e-5
 """Two hosts against one process, per step: measured at most 9.5e-7 (float32 sums in another order: each host
 reduces its half of the batch, then the hosts add the halves)."""
+DPO_TOLERANCE = 1e-4
+"""Two hosts against one process on the DPO path: summed log-probs of up to 256 tokens (values in the hundreds,
+float32 spacing about 3e-5) and the losses built on them. Measured: at most 3.1e-5 on the reference's summed
+log-probs, 4.2e-7 on the DPO losses, the evaluation's loss equal."""
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +171,39 @@ def test_a_device_layout_changes_how_four_devices_split_not_the_loss_nor_the_ide
         gap = max(abs(a - b) for (_, a), (_, b) in zip(reference, run["loss_curve"], strict=True))
         print(f"layout {name} {run['device_mesh']}: largest loss gap to one device {gap:.1e}")
         assert gap <= LOSS_TOLERANCE, (name, gap)
+
+
+def test_dpo_its_reference_log_probs_and_an_evaluation_span_two_hosts_as_one_process_computes_them(cluster,
+                                                                                                   tmp_path):
+    """The other methods and kinds take the same path: the reference log-probs step, a DPO run and a loss evaluation
+    of its checkpoint, each on two hosts, compute what one process computes — per pair, per step, the loss."""
+    env = subprocess_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    runs = {}
+    for name, address, hosts in (("one", "here", 1), ("two", cluster.address, 2)):
+        done, out = finish(subprocess.Popen([BIN / "python", DPO_DRIVER, address, str(tmp_path / name), str(hosts)],
+                                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                            text=True))
+        assert done["ok"], out[-4000:]
+        runs[name] = (done, out)
+    (one, _), (two, out) = runs["one"], runs["two"]
+    assert one["hashes"] == two["hashes"]  # hosts are not identity
+    assert (one["hosts"], two["hosts"], one["devices"], two["devices"]) == (1, 2, 1, 2)
+    for who in ("reference log-probs", "training", "evaluation"):  # each step joined both hosts into one program
+        for host in (0, 1):
+            assert re.search(rf"{who} at \S+: host {host} of 2 joined: 2 devices in all", out), (who, out[-4000:])
+    assert out.count("of 2 joined: 2 devices in all") == 6, out[-4000:]
+    gaps = {}
+    for split in ("train", "validation"):
+        for side, (a, b) in zip(("chosen", "rejected"), zip(one["reference"][split], two["reference"][split],
+                                                               strict=True), strict=True):
+            assert len(a) == len(b) > 0
+            gaps[f"reference {split} {side}"] = max(abs(x - y) for x, y in zip(a, b, strict=True))
+    for curve in ("loss_curve", "eval_curve"):
+        assert [s for s, _ in one[curve]] == [s for s, _ in two[curve]] and one[curve]
+        gaps[curve] = max(abs(a - b) for (_, a), (_, b) in zip(one[curve], two[curve], strict=True))
+    gaps["evaluation loss"] = abs(one["eval_loss"] - two["eval_loss"])
+    for what, gap in gaps.items():
+        print(f"{what}: largest gap between one process and two hosts {gap:.1e}")
+    assert max(gaps.values()) <= DPO_TOLERANCE, gaps
+    assert one["validation_accuracy"] == two["validation_accuracy"]
+    assert two["eval_checkpoint"].startswith(str(tmp_path / "two"))

@@ -257,6 +257,8 @@ class GenerateKind:
     """Sequences the engine decodes together: speed, not identity."""
     tags: ClassVar[tuple[str, ...]] = ("levanter", "jax", "generate")
     function: ClassVar[Callable[..., Any]] = staticmethod(generate_completions)
+    spans_hosts: ClassVar[bool] = False
+    """The engine generates on one host."""
 
     def identity(self) -> dict[str, Any]:
         return {"generate": {"prompts": self.prompts.identity(), "sampling": _sampling_identity(self.sampling),

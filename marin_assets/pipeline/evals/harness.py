@@ -275,6 +275,8 @@ class HarnessEval:
     whose steps' hashes are in the training run's identity, on which every evaluation of it depends."""
     tags: ClassVar[tuple[str, ...]] = ("levanter", "jax", "lm-eval")
     function: ClassVar[Callable[..., Any]] = staticmethod(evaluate_harness)
+    spans_hosts: ClassVar[bool] = False
+    """lm-eval's loop runs on one host."""
 
     def identity(self) -> dict[str, Any]:
         return {"tasks": [t.identity() for t in self.tasks], "num_fewshot": self.num_fewshot, "limit": self.limit}

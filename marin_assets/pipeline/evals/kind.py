@@ -55,6 +55,12 @@ class EvalKind(Protocol):
         """The library function that computes it (its docstring describes the asset)."""
         ...
 
+    @property
+    def spans_hosts(self) -> bool:
+        """It can run on several hosts as one JAX program (`eval_step(hosts=N)`): its function joins them and only
+        host 0 writes. A kind whose function does not is refused more than one host when its step is defined."""
+        ...
+
     def summary(self) -> str:
         """What it computes, in a few words (`loss and bits per byte on docs`), for descriptions."""
         ...

@@ -275,6 +275,8 @@ class LogProbsEval:
     """Tokens every token is predicted from at least (None: half the model's length; 1: Levanter's windows)."""
     tags: ClassVar[tuple[str, ...]] = ("levanter", "jax")
     function: ClassVar[Callable[..., Any]] = staticmethod(token_log_probs)
+    spans_hosts: ClassVar[bool] = False
+    """Scores on one host."""
 
     def identity(self) -> dict[str, Any]:
         return {"max_docs": self.max_docs, "split": self.split, **context_identity(self.min_context)}

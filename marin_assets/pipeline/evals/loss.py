@@ -52,13 +52,16 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
 
     `vocab_size`: rows of the model's embedding (None: as a fresh training run sizes it). Ids the
     tokenizer has no token for (id gaps, rows a rounded-up vocabulary adds) count as zero bytes.
-    `platform`: the JAX platform to run on (`cuda`; None: JAX's choice under `JAX_PLATFORMS`).
+    `platform`: the JAX platform to run on (`cuda`; None: JAX's choice under `JAX_PLATFORMS`). On several hosts
+    (the step's `hosts`) each host evaluates its share of every batch as one JAX program; host 0 writes the output.
     """
     import json
     with s3_arrays([checkpoint, output_path, *caches.values()]):
 
-        from marin_assets.pipeline.training.levanter_trainer import use_platform
+        from marin_assets.pipeline.training.levanter_trainer import join_hosts, use_platform
 
+        place = join_hosts(f"evaluation at {output_path}")  # before JAX starts a backend
+        lead = place is None or place.process_id == 0
         use_platform(platform, f"evaluation at {output_path}")  # before Levanter starts JAX
         from levanter.main import eval_lm
 
@@ -96,16 +99,21 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
             logged: dict = {}
             for values in read_metrics(metrics_file).values():
                 logged.update(values)
+            if not lead:  # Levanter's trackers log on host 0 only; its result is the step's record
+                return EvalResult(checkpoint, checkpoint_step_of(checkpoint), math.nan, None, {},
+                                  round(time.monotonic() - started, 2))
             if "eval/loss" not in logged:
                 raise RuntimeError(f"evaluation of {checkpoint} logged no eval/loss")
             per_dataset = {name: {"loss": logged[f"eval/{name}/loss"], "bpb": logged.get(f"eval/{name}/bpb")}
                            for name in caches if f"eval/{name}/loss" in logged}
             result = EvalResult(checkpoint, checkpoint_step_of(checkpoint), logged["eval/loss"], logged.get("eval/bpb"),
                                 per_dataset, round(time.monotonic() - started, 2))
-            with open_file(join_path(output_path, "metrics.jsonl"), "wb") as out, open(metrics_file, "rb") as src:
-                out.write(src.read())
-        with open_file(join_path(output_path, "results.json"), "w") as f:
-            json.dump(result.__dict__, f, indent=2)
+            if lead:
+                with open_file(join_path(output_path, "metrics.jsonl"), "wb") as out, open(metrics_file, "rb") as src:
+                    out.write(src.read())
+        if lead:
+            with open_file(join_path(output_path, "results.json"), "w") as f:
+                json.dump(result.__dict__, f, indent=2)
         return result
 
 
@@ -132,6 +140,8 @@ class LossEval:
     """Batches per validation set; None for all of it."""
     tags: ClassVar[tuple[str, ...]] = ("levanter", "jax")
     function: ClassVar[Callable[..., Any]] = staticmethod(evaluate_lm)
+    spans_hosts: ClassVar[bool] = True
+    """Levanter's evaluation loop on every host's share of each batch; host 0 writes."""
 
     def identity(self) -> dict[str, Any]:
         return {"max_eval_batches": self.max_eval_batches, "validation": sorted(self.validation)}
@@ -172,14 +182,15 @@ class LossEval:
 
 
 def loss_eval_step(name: str, train: Step, validation: dict[str, Step], checkpoint_step: int | None = None,
-                   max_eval_batches: int | None = None, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
+                   max_eval_batches: int | None = None, gpu: float = 0, gpu_type: str | None = None,
+                   hosts: int = 1) -> EvalStep:
     """Loss and bits per byte of a checkpoint (default: the last) of a training step on each validation cache
-    (on `gpu` CUDA GPUs when asked).
+    (on `gpu` CUDA GPUs when asked; on `hosts` hosts as one JAX program, each scoring its share of every batch).
 
-    Identity: `validation`, `max_eval_batches`, `checkpoint_step` (and `train`); not `gpu` nor `gpu_type`.
+    Identity: `validation`, `max_eval_batches`, `checkpoint_step` (and `train`); not `gpu`, `gpu_type` nor `hosts`.
     """
     return eval_step(name, LossEval(validation, max_eval_batches), train, checkpoint_step, gpu=gpu,
-                     gpu_type=gpu_type)
+                     gpu_type=gpu_type, hosts=hosts)
 
 
 evaluate_step = renamed(loss_eval_step, "evaluate_step", __name__)
@@ -187,9 +198,9 @@ evaluate_step = renamed(loss_eval_step, "evaluate_step", __name__)
 
 
 def loss_checkpoint_evals(name: str, train: TrainStep, validation: Mapping[str, Step],
-                          max_eval_batches: int | None = None) -> CheckpointEvals:
-    """Loss and bits per byte of every checkpoint of `train` on `validation`, as each lands.
+                          max_eval_batches: int | None = None, *, hosts: int = 1) -> CheckpointEvals:
+    """Loss and bits per byte of every checkpoint of `train` on `validation`, as each lands (each on `hosts` hosts).
 
-    Identity: each checkpoint's step's: `validation`, `max_eval_batches`, the checkpoint (and `train`).
+    Identity: each checkpoint's step's: `validation`, `max_eval_batches`, the checkpoint (and `train`); not `hosts`.
     """
-    return CheckpointEvals(name, train, LossEval(validation, max_eval_batches))
+    return CheckpointEvals(name, train, LossEval(validation, max_eval_batches), hosts=hosts)

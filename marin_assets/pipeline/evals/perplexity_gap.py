@@ -435,6 +435,8 @@ class PerplexityGapEval:
     """Tokens every token is predicted from at least (None: half each model's length; 1: Levanter's windows)."""
     tags: ClassVar[tuple[str, ...]] = ("levanter", "jax")
     function: ClassVar[Callable[..., Any]] = staticmethod(perplexity_gap)
+    spans_hosts: ClassVar[bool] = False
+    """Scores on one host."""
 
     def identity(self) -> dict[str, Any]:
         return {"model_b": {"step": self.reference.step.name, **self.reference.identity()},

@@ -61,18 +61,21 @@ class EvalStep(Step):
 
 @_takes_old_kind("eval_step")
 def eval_step(name: str, eval_kind: EvalKind, train: Step, checkpoint_step: int | None = None, *,
-              export: Step | None = None, gpu: float = 0, gpu_type: str | None = None) -> EvalStep:
+              export: Step | None = None, gpu: float = 0, gpu_type: str | None = None,
+              hosts: int = 1) -> EvalStep:
     """An evaluation of checkpoint `checkpoint_step` (default: the last) of a training step — or `export`, a Hugging
     Face export of it (`export_step`), or a model from the Hub (`hf_model_step`, `hf_to_levanter_step`) — with
-    `eval_kind`, on `gpu` CUDA GPUs when asked.
+    `eval_kind`, on `gpu` CUDA GPUs when asked, on `hosts` hosts (Ray nodes) as one JAX program when the kind
+    can (`EvalKind.spans_hosts`).
 
-    Identity: `eval_kind` and `checkpoint_step` (and `train`, `export` and the kind's steps); not `gpu` nor
-    `gpu_type`.
+    Identity: `eval_kind` and `checkpoint_step` (and `train`, `export` and the kind's steps); not `gpu`, `gpu_type`
+    nor `hosts`.
     """
     kind = eval_kind
     if not isinstance(train, Step):
         raise StepDefinitionError(f"step {name!r}: evaluates {train!r}, which is not a step")
-    resources = Resources(cpu=1, gpu=gpu, gpu_type=gpu_type)
+    check_hosts(f"step {name!r}", kind, hosts)
+    resources = Resources(cpu=1, gpu=gpu, gpu_type=gpu_type, hosts=hosts)
 
     def run(out: str) -> Any:
         result: Any = load_result(train)  # a run's TrainResult, or a model from the Hub (HfModel, LevanterCheckpoint)
@@ -86,6 +89,13 @@ def eval_step(name: str, eval_kind: EvalKind, train: Step, checkpoint_step: int 
                     evaluates=train, eval_kind=kind, checkpoint_step=checkpoint_step)
 
 
+def check_hosts(what: str, kind: EvalKind, hosts: int) -> None:
+    """A kind evaluates on more than one host only if it can (`StepDefinitionError` naming it otherwise)."""
+    if hosts > 1 and not kind.spans_hosts:
+        raise StepDefinitionError(f"{what}: {type(kind).__name__} ({kind.summary()}) runs on one host; it cannot span"
+                                  f" {hosts} hosts (loss evaluation can: loss_eval_step(..., hosts={hosts}))")
+
+
 @dataclass(frozen=True)
 class CheckpointEvals:
     """Evaluate each checkpoint of `train` with `eval_kind` as it lands: one step per checkpoint, served as one
@@ -97,6 +107,11 @@ class CheckpointEvals:
     """The training step whose checkpoints are evaluated."""
     eval_kind: EvalKind
     """What is computed on each (`kind` before 0.2.0: only the kind's identity is hashed, never the field's name)."""
+    hosts: int = 1
+    """Hosts (Ray nodes) each evaluation spans as one JAX program, when the kind can (not identity)."""
+
+    def __post_init__(self) -> None:
+        check_hosts(f"checkpoint evaluations {self.name!r}", self.eval_kind, self.hosts)
 
     @property
     def kind(self) -> EvalKind:
@@ -135,7 +150,8 @@ class CheckpointEvals:
                                                  train.tokenizer_path(), train.vocab_size()))
 
         return EvalStep(name=f"{self.name}/step-{checkpoint}", fn=run, deps=list(kind.deps),
-                        hash_attrs={**self._attrs(), "checkpoint_step": checkpoint}, resources=Resources(cpu=1),
+                        hash_attrs={**self._attrs(), "checkpoint_step": checkpoint},
+                        resources=Resources(cpu=1, hosts=self.hosts),
                         kind="eval", description=made_by(kind.function), kinds=list(kind.tags), checks=kind.checks(),
                         evaluates=train, eval_kind=kind, checkpoint_step=checkpoint)
 

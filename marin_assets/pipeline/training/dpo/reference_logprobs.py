@@ -130,9 +130,10 @@ def reference_logprobs(output_path: str, weights: InitWeights, model: ModelSpec,
     `model` in `mixed_precision`: per pair, the summed log-prob of each side's assistant tokens, written per split
     as Levanter's reference eval cache under `output_path`. `platform`: the JAX platform (`cuda`; None: JAX's)."""
     from marin_assets.pipeline.tokens.array_store import refuse_unsupported_array_store, s3_arrays
-    from marin_assets.pipeline.training.levanter_trainer import use_platform
+    from marin_assets.pipeline.training.levanter_trainer import join_hosts, use_platform
 
     refuse_unsupported_array_store(output_path, "reference_logprobs")
+    place = join_hosts(f"reference log-probs at {output_path}")  # before JAX starts a backend
     use_platform(platform, f"reference log-probs at {output_path}")  # before Levanter starts JAX
     chosen_splits = list(splits) if splits is not None else list(cache.splits)
     unknown = sorted(set(chosen_splits) - set(cache.splits))
@@ -141,7 +142,7 @@ def reference_logprobs(output_path: str, weights: InitWeights, model: ModelSpec,
     started = time.monotonic()
     with s3_arrays([output_path, cache.path, weights.path]):
         scored = _score_splits(output_path, weights, model, cache, chosen_splits, mixed_precision, batch_size,
-                               platform)
+                               platform, write=place is None or place.process_id == 0)
     made: dict[str, SplitLogprobs] = {}
     for split, (chosen, rejected) in scored.items():
         path = join_path(output_path, split)
@@ -155,9 +156,10 @@ def reference_logprobs(output_path: str, weights: InitWeights, model: ModelSpec,
 
 def _score_splits(output_path: str, weights: InitWeights, model: ModelSpec, cache: TokenizedCache,
                   splits: Sequence[str], mixed_precision: str, batch_size: int,
-                  platform: str | None) -> dict[str, tuple[Any, Any]]:
+                  platform: str | None, write: bool = True) -> dict[str, tuple[Any, Any]]:
     """Load the reference once and score each split, writing its reference cache (`{output_path}/{split}`, rewritten
-    whole: a re-run after a crash scores again); split → (chosen, rejected)."""
+    whole: a re-run after a crash scores again); split → (chosen, rejected). On several hosts every host scores its
+    share of each batch and gathers every pair's values; only the one told to `write` writes."""
     import jax.random as jrandom
     import levanter
     from haliax import Axis
@@ -201,9 +203,10 @@ def _score_splits(output_path: str, weights: InitWeights, model: ModelSpec, cach
                 pairs = preference_dataset(data, split, lm.max_Pos)
                 count = cache.splits[split].documents
                 chosen, rejected = pair_logprobs(logprobs, reference, eval_loader(pairs, batch_size, trainer), count)
-                write_reference_cache(join_path(output_path, split), chosen, rejected,
-                                      cache_identity(weights.path, cache.path, split, count, model.seq_len,
-                                                     mixed_precision))
+                if write:
+                    write_reference_cache(join_path(output_path, split), chosen, rejected,
+                                          cache_identity(weights.path, cache.path, split, count, model.seq_len,
+                                                         mixed_precision))
                 scored[split] = (chosen, rejected)
     return scored
 
@@ -236,13 +239,16 @@ def default_name(reference: InitFrom, prefs: Step) -> str:
 
 def reference_logprobs_step(name: str | None, reference: InitFrom, prefs: Step, model: ModelSpec | None = None,
                             mixed_precision: str = "f32", *, batch_size: int = BATCH_SIZE, cpu: float = 1,
-                            gpu: float = 0, gpu_type: str | None = None) -> ReferenceLogprobsStep:
+                            gpu: float = 0, gpu_type: str | None = None, hosts: int = 1) -> ReferenceLogprobsStep:
     """The per-pair log-probs of every split of the preference cache `prefs` (a `preference_tokenize_step`) under
     the `reference` weights (`from_hf(export step or folder)`, `from_checkpoint(training step)`), read as `model`
     (None: the source's, as `sft_step` takes it) in `mixed_precision` (a DPO run's `TrainerSpec.mixed_precision`).
     `name`: None names it by what it scores (`default_name`). `dpo_step` defines one itself unless given one.
+    `hosts=N` scores on N hosts (Ray nodes, each with `cpu` and `gpu`) as one JAX program, `batch_size` split among
+    them (a multiple of the devices of every host).
 
-    Identity: `reference`, `model`, `mixed_precision` (and `prefs`); not `batch_size`, `cpu`, `gpu` nor `gpu_type`.
+    Identity: `reference`, `model`, `mixed_precision` (and `prefs`); not `batch_size`, `cpu`, `gpu`, `gpu_type` nor
+    `hosts`.
     """
     if not isinstance(reference, InitFrom):
         raise StepDefinitionError(f"reference log-prob step {name or ''!r}: reference must say where the weights"
@@ -252,7 +258,7 @@ def reference_logprobs_step(name: str | None, reference: InitFrom, prefs: Step, 
         raise StepDefinitionError(f"reference log-prob step {name!r}: {prefs.name} is not a preference cache"
                                   " (preference_tokenize_step)")
     model = model_of(f"reference log-prob step {name!r}", model, reference, check_config=True)
-    resources = Resources(cpu=cpu, gpu=gpu, gpu_type=gpu_type)
+    resources = Resources(cpu=cpu, gpu=gpu, gpu_type=gpu_type, hosts=hosts)
     what = f"step {name!r}"
 
     def run(out: str) -> ReferenceLogprobs:

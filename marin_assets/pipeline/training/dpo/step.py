@@ -45,7 +45,7 @@ from marin_assets.pipeline.training.sources import (
     resolve_weights,
     source_model,
 )
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.specs import DeviceLayout, ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.training.tracking import Tracking
 from marin_assets.pipeline.training.train_data import TrainDataError
 from marin_assets.pipeline.training.training_run import LOSS_FELL, TrainResult, TrainStep
@@ -107,7 +107,7 @@ class DpoTraining:
             data=preference_data_config(self.tokenizer_path, self.preference_cache, self.vocab_size),
             trainer=trainer_config(self.trainer, places.run_id, places.local_dir, places.metrics_logger,
                                    places.checkpoints, require_accelerator=places.platform not in (None, "cpu"),
-                                   tracking=self.tracking),
+                                   tracking=self.tracking, layout=places.layout),
             model=model_config(self.model, places.reference, self.tokenizer_path),
             optimizer=optimizer_config(self.optimizer),
             beta=self.beta,
@@ -127,9 +127,11 @@ class DpoTraining:
 
 def dpo_train(output_path: str, tokenizer_path: str, preference_cache: str, reference: ReferenceLogprobs,
               model: ModelSpec, optimizer: OptimizerSpec, trainer: TrainerSpec, beta: float, init: InitWeights,
-              platform: str | None = None, *, tracking: Tracking | None = None) -> TrainResult:
+              platform: str | None = None, *, tracking: Tracking | None = None,
+              layout: DeviceLayout | None = None) -> TrainResult:
     """Tune the weights `init` with DPO on a preference cache, with the reference log-probs of `reference` (its
-    record), β `beta` (resumes if interrupted). `platform`: the JAX platform (`cuda`; None: JAX's choice)."""
+    record), β `beta` (resumes if interrupted). `platform`: the JAX platform (`cuda`; None: JAX's choice); `layout`:
+    how the devices are split (None: Levanter's default)."""
     largest = largest_token_id(load_hf_tokenizer(tokenizer_path))
     if init.vocab_size <= largest:
         raise TrainSourceError(f"{init.path} has a vocabulary of {init.vocab_size}, but the tokenizer {tokenizer_path}"
@@ -140,7 +142,8 @@ def dpo_train(output_path: str, tokenizer_path: str, preference_cache: str, refe
                              f" {trainer.mixed_precision!r}")
     method = DpoTraining(tokenizer_path, preference_cache, reference, model, optimizer, trainer, init.vocab_size, beta,
                          init, tracking)
-    return run_training(output_path, method, platform=platform, tracking=tracking, initialized_from=init.path)
+    return run_training(output_path, method, platform=platform, tracking=tracking, initialized_from=init.path,
+                        layout=layout)
 
 
 def preference_learned(output_path: str, result: dict) -> CheckOutcome:
@@ -164,7 +167,8 @@ PREFERENCE_LEARNED = Check("held_out_preference_learned", preference_learned,
 def dpo_step(name: str, prefs: Step, init_from: InitFrom, beta: float = DEFAULT_BETA,
              reference: InitFrom | ReferenceLogprobsStep | None = None, model: ModelSpec | None = None,
              optimizer: OptimizerSpec = DPO_OPTIMIZER, trainer: TrainerSpec = TrainerSpec(), *, cpu: float = 1,
-             gpu: float = 0, gpu_type: str | None = None, tracking: Tracking | None = None) -> TrainStep:
+             gpu: float = 0, gpu_type: str | None = None, tracking: Tracking | None = None, hosts: int = 1,
+             layout: DeviceLayout | None = None) -> TrainStep:
     """A training step that tunes the weights `init_from` names (`from_hf(export step or folder)`,
     `from_checkpoint(train)`) with DPO on the preference cache `prefs` (a `preference_tokenize_step`: trains on
     `train`, holds out `validation`).
@@ -173,10 +177,12 @@ def dpo_step(name: str, prefs: Step, init_from: InitFrom, beta: float = DEFAULT_
     log-probs, as computed (of `prefs`, in the run's model and precision). Given weights, the reference step is
     defined here, named by what it scores, so DPO steps that differ only in β, optimizer or steps share it. `model`:
     None takes the source's (a training step's, or the one an export step exports); every side of every pair must
-    fit its `seq_len`. `tracking` (W&B, TensorBoard) is not identity.
+    fit its `seq_len`. `tracking` (W&B, TensorBoard) is not identity. `hosts=N` trains on N hosts (Ray nodes, each
+    with `cpu` and `gpu`) as one JAX program, and scores the reference defined here on them too; `layout` splits the
+    devices (`DeviceLayout`).
 
     Identity: `beta`, `model`, `optimizer`, `trainer`, `init_from` (and `prefs` and the `reference` step, its
-    dependencies); not `cpu`, `gpu`, `gpu_type` nor `tracking`.
+    dependencies); not `cpu`, `gpu`, `gpu_type`, `hosts`, `layout` nor `tracking`.
     """
     if not isinstance(init_from, InitFrom):
         raise StepDefinitionError(f"DPO step {name!r}: init_from must say where the weights to tune are:"
@@ -187,7 +193,7 @@ def dpo_step(name: str, prefs: Step, init_from: InitFrom, beta: float = DEFAULT_
     if not beta > 0:
         raise StepDefinitionError(f"DPO step {name!r}: beta must be positive, got {beta}")
     model = model_of(f"DPO step {name!r}", model, init_from, check_config=True)
-    resources = Resources(cpu=cpu, gpu=gpu, gpu_type=gpu_type)
+    resources = Resources(cpu=cpu, gpu=gpu, gpu_type=gpu_type, hosts=hosts)
     if isinstance(reference, ReferenceLogprobsStep):
         ref_step = reference
         differs = [f"{what}: the reference step's {theirs!r}, this run's {mine!r}" for what, theirs, mine in (
@@ -204,7 +210,8 @@ def dpo_step(name: str, prefs: Step, init_from: InitFrom, beta: float = DEFAULT_
                                       " (from_hf, from_checkpoint) or a reference_logprobs_step")
         ref_model = model if source is init_from else (source_model(source) or model)
         ref_step = reference_logprobs_step(None, source, prefs, ref_model, trainer.mixed_precision,
-                                           batch_size=trainer.train_batch_size, cpu=cpu, gpu=gpu, gpu_type=gpu_type)
+                                           batch_size=trainer.train_batch_size, cpu=cpu, gpu=gpu, gpu_type=gpu_type,
+                                           hosts=hosts)
     what = f"step {name!r}"
 
     def run(out: str) -> TrainResult:
@@ -225,7 +232,7 @@ def dpo_step(name: str, prefs: Step, init_from: InitFrom, beta: float = DEFAULT_
         if missing:
             raise TrainDataError(f"{what}: the reference log-probs {ref_step.name} have no split(s) {missing}")
         return dpo_train(out, cache.tokenizer, cache.path, scored, model, optimizer, trainer, beta, init,
-                         platform_for(resources), tracking=tracking)
+                         platform_for(resources), tracking=tracking, layout=layout)
 
     return TrainStep(
         name=name,
