@@ -44,7 +44,7 @@ def pytest_unconfigure(config):
 # a long file alone at the end. Seconds measured on 2 cores (a file's setup, calls and teardown); the rest keep
 # their order after these.
 LONGEST_FILES = (
-    "test_multihost.py",            # ~600 s: two-host trainings, DPO and evaluations on a two-node Ray cluster
+    "test_multihost.py",            # ~700 s: two-host training, DPO, RL and evaluation on a two-node Ray cluster
     "test_restart_soak.py",         # ~430 s: three trainings, the daemon or code server killed and restarted
     "test_ui_browser.py",           # ~300 s: dagster dev, the demo graph, a real browser
     "test_ray_two_nodes.py",        # ~270 s: a second Ray node killed mid-step

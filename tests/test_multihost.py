@@ -4,7 +4,7 @@ over gloo). Its loss curve is the one-process run's with the same global batch; 
 one-process evaluation; a host lost mid-run fails the step at once, and the retry resumes from the last
 checkpoint to the uninterrupted run's final loss. The reference log-probs, DPO and a loss evaluation on two hosts
 compute what one process computes. Steps are materialized by separate driver processes
-(`support/multihost_driver.py`, `support/multihost_dpo_driver.py`), through `materialize_step` and `ray_runner`
+(`support/multihost_driver.py`, `support/multihost_methods_driver.py`), through `materialize_step` and `ray_runner`
 as the Dagster asset does.
 """
 
@@ -25,7 +25,7 @@ from tests.test_ray_cluster import kill_ray_processes_under
 from tests.test_ray_two_nodes import running_cluster
 
 DRIVER = ROOT / "tests" / "support" / "multihost_driver.py"
-DPO_DRIVER = ROOT / "tests" / "support" / "multihost_dpo_driver.py"
+METHODS_DRIVER = ROOT / "tests" / "support" / "multihost_methods_driver.py"
 LOSS_TOLERANCE = 1e-5
 """Two hosts against one process, per step: measured at most 9.5e-7 (float32 sums in another order: each host
 reduces its half of the batch, then the hosts add the halves)."""
@@ -61,8 +61,8 @@ def driver(address: str, prefix, raw, tok, hosts: int, evaluate: bool = False, p
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def finish(proc: subprocess.Popen) -> tuple[dict, str]:
-    out, _ = proc.communicate(timeout=480)  # a bound against a hang, never a timing assertion
+def finish(proc: subprocess.Popen, timeout: float = 480) -> tuple[dict, str]:
+    out, _ = proc.communicate(timeout=timeout)  # a bound against a hang, never a timing assertion
     lines = [line for line in out.splitlines() if line.startswith('{"ok"')]
     assert lines, out[-4000:]
     return json.loads(lines[-1]), out
@@ -173,16 +173,18 @@ def test_a_device_layout_changes_how_four_devices_split_not_the_loss_nor_the_ide
         assert gap <= LOSS_TOLERANCE, (name, gap)
 
 
-def test_dpo_its_reference_log_probs_and_an_evaluation_span_two_hosts_as_one_process_computes_them(cluster,
-                                                                                                   tmp_path):
-    """The other methods and kinds take the same path: the reference log-probs step, a DPO run and a loss evaluation
-    of its checkpoint, each on two hosts, compute what one process computes — per pair, per step, the loss."""
+@pytest.mark.timeout(2000)  # two drivers of five steps each, bounded by `finish` first
+def test_dpo_its_reference_log_probs_an_evaluation_and_rl_span_two_hosts_as_one_process_computes_them(cluster,
+                                                                                                        tmp_path):
+    """The other methods and kinds take the same path: the reference log-probs step, a DPO run, a loss evaluation of
+    its checkpoint and an RL run, each on two hosts, compute what one process computes — per pair, per step, the
+    loss, every RL sample written."""
     env = subprocess_env(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     runs = {}
     for name, address, hosts in (("one", "here", 1), ("two", cluster.address, 2)):
-        done, out = finish(subprocess.Popen([BIN / "python", DPO_DRIVER, address, str(tmp_path / name), str(hosts)],
+        done, out = finish(subprocess.Popen([BIN / "python", METHODS_DRIVER, address, str(tmp_path / name), str(hosts)],
                                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                            text=True))
+                                            text=True), timeout=900)
         assert done["ok"], out[-4000:]
         runs[name] = (done, out)
     (one, _), (two, out) = runs["one"], runs["two"]
@@ -191,7 +193,7 @@ def test_dpo_its_reference_log_probs_and_an_evaluation_span_two_hosts_as_one_pro
     for who in ("reference log-probs", "training", "evaluation"):  # each step joined both hosts into one program
         for host in (0, 1):
             assert re.search(rf"{who} at \S+: host {host} of 2 joined: 2 devices in all", out), (who, out[-4000:])
-    assert out.count("of 2 joined: 2 devices in all") == 6, out[-4000:]
+    assert out.count("of 2 joined: 2 devices in all") == 8, out[-4000:]  # 4 steps × 2 hosts
     gaps = {}
     for split in ("train", "validation"):
         for side, (a, b) in zip(("chosen", "rejected"), zip(one["reference"][split], two["reference"][split],
@@ -207,3 +209,11 @@ def test_dpo_its_reference_log_probs_and_an_evaluation_span_two_hosts_as_one_pro
     assert max(gaps.values()) <= DPO_TOLERANCE, gaps
     assert one["validation_accuracy"] == two["validation_accuracy"]
     assert two["eval_checkpoint"].startswith(str(tmp_path / "two"))
+    # RL: every host wrote the same rollouts (one seed, the gathered weights), the updates are the program's
+    assert one["rl_hash"] == two["rl_hash"] and (one["rl_hosts"], two["rl_hosts"]) == (1, 2)
+    assert [s for s, _ in one["rl_loss_curve"]] == [s for s, _ in two["rl_loss_curve"]] == [0, 1, 2, 3]
+    rl_gap = max(abs(a - b) for (_, a), (_, b) in zip(one["rl_loss_curve"], two["rl_loss_curve"], strict=True))
+    print(f"RL loss: largest gap between one process and two hosts {rl_gap:.1e}")
+    assert rl_gap <= DPO_TOLERANCE, (one["rl_loss_curve"], two["rl_loss_curve"])
+    assert one["rl_held_out_pass_rate"] == two["rl_held_out_pass_rate"] and one["rl_held_out_pass_rate"]
+    assert one["rl_samples"] == two["rl_samples"] and {r["split"] for r in two["rl_samples"]} == {"train", "held_out"}

@@ -18,6 +18,11 @@ of a prompt sharing its prefill), its weights set to the policy's before each ro
 scores the written ids with the same model. `make_sampler`, the loop it replaced (every new token recomputing the
 whole sequence), stays as the tests' and the benchmark's reference.
 
+On several hosts (one JAX program, `rl_step(hosts=N)`) the updates are the program's, each host computing its share
+of the batch; rollouts are not split: every host gathers the policy's weights and samples and scores the whole
+rollout on its own first device, from the same seed and weights, so every host holds the same batch (host 0 alone
+writes the samples and kept rollouts).
+
 Imported only inside step functions (on the Ray workers).
 """
 
@@ -282,11 +287,59 @@ def read_samples(output_path: str) -> list[dict[str, Any]]:
     return [rows[k] for k in sorted(rows)]
 
 
+class SamplingPlace:
+    """Where rollouts are written and scored. One host: the trainer's devices and mesh, the weights as they are. Several
+    hosts: this host's first device alone, outside the program's mesh, with the weights gathered from every host
+    (the engine reads its results on the host, which a value spread over hosts does not allow)."""
+
+    def __init__(self) -> None:
+        import jax
+
+        self.hosts = jax.process_count()
+        self.lead = jax.process_index() == 0
+        self.device = jax.local_devices()[0]
+        self.mesh = jax.sharding.Mesh(np.array([self.device]), ("data",)) if self.hosts > 1 else None
+
+    def __enter__(self) -> SamplingPlace:
+        import contextlib
+
+        import haliax as hax
+
+        self._stack = contextlib.ExitStack()
+        if self.mesh is not None:
+            self._stack.enter_context(hax.partitioning.set_mesh(self.mesh))
+            self._stack.enter_context(hax.axis_mapping({}))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stack.close()
+
+    def weights(self, model: Any) -> Any:
+        """`model` as sampling reads it: itself on one host; on several, its whole values on this host's device."""
+        if self.mesh is None:
+            return model
+        import jax
+        from jax.experimental import multihost_utils
+
+        return jax.device_put(multihost_utils.process_allgather(model, tiled=True), self.device)
+
+    def batch(self, values: np.ndarray, axes: tuple[Any, ...], mesh: Any, mapping: Any) -> Any:
+        """A rollout's array (the same on every host) as the update reads it: on several hosts, one value over the
+        program's devices, each host holding its share."""
+        import haliax as hax
+        import jax
+        import jax.numpy as jnp
+
+        if self.mesh is None:
+            return hax.named(jnp.asarray(values), axes)
+        sharding = jax.sharding.NamedSharding(mesh, hax.partitioning.pspec_for_axis(axes, mapping))
+        return hax.named(jax.make_array_from_callback(values.shape, sharding, lambda index: values[index]), axes)
+
+
 def rl_main(config: RlRunConfig) -> None:
     """Train the policy on the environment's training problems with RLOO and a clipped policy gradient, resuming
     from the run's last checkpoint; evaluate greedy completions of the held-out problems every `eval_every` steps
     and at the end."""
-    import haliax as hax
     import jax
     import jax.numpy as jnp
     import jax.random as jrandom
@@ -350,7 +403,9 @@ def rl_main(config: RlRunConfig) -> None:
         def policy(state: Any) -> Any:
             return inference_mode(trainer.mp.cast_to_compute(state.model), True)
 
+        place = SamplingPlace()
         reference = inference_mode(trainer.mp.cast_to_compute(initial()), True)  # the KL's anchor, never trained
+        local_reference = place.weights(reference)
         _, resuming = trainer.checkpoint_load_plan()
         if resuming:
             state = trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
@@ -365,15 +420,20 @@ def rl_main(config: RlRunConfig) -> None:
 
         Batch = Axis(trainer.config.batch_axis_name or "batch", per_step * k)
         # One engine (a paged KV cache) writes every completion, its weights set to the policy's before each use
-        generator = Generator(policy(state), settings=EngineSettings(max_seq_len=length, max_seqs=Batch.size),
-                              vocab_limit=vocab_limit, eos_ids=[eos], tokenizer=tokenizer, who="the policy")
+        first = place.weights(policy(state))  # gathered outside the sampling mesh: the values span the hosts
+        with place:
+            generator = Generator(first, settings=EngineSettings(max_seq_len=length, max_seqs=Batch.size),
+                                  vocab_limit=vocab_limit, eos_ids=[eos], tokenizer=tokenizer, who="the policy")
         scorer = jax.jit(lambda m, t: token_logprobs(m, t, Batch, Pos, vocab_limit, config.temperature))
 
         def evaluate(model: Any, step: int) -> None:
             """Greedy completions of every held-out problem: the pass rate and mean reward, and a few samples."""
             rewards, rows = [], []
-            generator.set_weights(model)
-            completions = [c for [c] in generator.generate(held_prompts, Sampling(max_tokens=config.max_new_tokens))]
+            local = place.weights(model)
+            with place:
+                generator.set_weights(local)
+                completions = [c for [c] in generator.generate(held_prompts,
+                                                               Sampling(max_tokens=config.max_new_tokens))]
             for i, done in enumerate(completions):
                 problem, text = held_out[i], tokenizer.decode(done.tokens, skip_special_tokens=True)
                 rewards.append(env.reward(problem, text))
@@ -383,7 +443,8 @@ def rl_main(config: RlRunConfig) -> None:
             passed = float(np.mean([r >= 1.0 for r in rewards]))
             levanter.tracker.log({"eval/pass_rate": passed, "eval/reward": float(np.mean(rewards))}, step=step)
             logger.info("step %d: held-out pass rate %.3f (%d problems)", step, passed, len(rewards))
-            _write_samples(config.output_path, "held_out", step, rows)
+            if place.lead:
+                _write_samples(config.output_path, "held_out", step, rows)
 
         def rollout(model: Any, iteration: int, step: int) -> Rollout:
             """Sample k completions of this iteration's problems, score them, and their advantages."""
@@ -392,11 +453,13 @@ def rl_main(config: RlRunConfig) -> None:
             prompts = [p for p in unique for _ in range(k)]
             plen = np.array([len(p) for p in prompts], dtype=np.int32)
             started = time.perf_counter()
-            generator.set_weights(model)
-            # k samples of each prompt share its prefill; the seed is the run's and the iteration's alone
-            completions = [c for row in generator.generate(unique, Sampling(
-                max_tokens=config.max_new_tokens, temperature=config.temperature, n=k,
-                seed=iteration_seed(config.seed, iteration))) for c in row]
+            local = place.weights(model)
+            with place:
+                generator.set_weights(local)
+                # k samples of each prompt share its prefill; the seed is the run's and the iteration's alone
+                completions = [c for row in generator.generate(unique, Sampling(
+                    max_tokens=config.max_new_tokens, temperature=config.temperature, n=k,
+                    seed=iteration_seed(config.seed, iteration))) for c in row]
             sampling = time.perf_counter() - started
             out = written(prompts, completions, length, eos, pad)
             n = completion_spans(out, plen, config.max_new_tokens, eos)
@@ -405,8 +468,9 @@ def rl_main(config: RlRunConfig) -> None:
                                dtype=np.float32)
             advantages = rloo_advantages(rewards.reshape(per_step, k)).reshape(-1)
             mask = loss_mask(plen, n, length)
-            old = np.asarray(scorer(model, jnp.asarray(out)))
-            ref = np.asarray(scorer(reference, jnp.asarray(out)))
+            with place:
+                old = np.asarray(scorer(local, jnp.asarray(out)))
+                ref = np.asarray(scorer(local_reference, jnp.asarray(out)))
             levanter.tracker.log({
                 "rl/reward": float(rewards.mean()), "rl/pass_rate": float(np.mean(rewards >= 1.0)),
                 "rl/completion_tokens": float(n.mean()),
@@ -415,10 +479,11 @@ def rl_main(config: RlRunConfig) -> None:
                 "rl/zero_advantage_prompts": float(np.mean(np.all(advantages.reshape(per_step, k) == 0, axis=1))),
                 "throughput/sampling_tokens_per_second": float(n.sum() / sampling),
                 "throughput/sampling_seconds": sampling}, step=step)
-            _write_samples(config.output_path, "train", step, [
-                {"split": "train", "step": step, "index": i, "prompt": train_problems[int(chosen[i // k])].prompt,
-                 "answer": train_problems[int(chosen[i // k])].answer, "completion": texts[i],
-                 "reward": float(rewards[i])} for i in range(min(config.samples_logged, len(texts)))])
+            if place.lead:
+                _write_samples(config.output_path, "train", step, [
+                    {"split": "train", "step": step, "index": i, "prompt": train_problems[int(chosen[i // k])].prompt,
+                     "answer": train_problems[int(chosen[i // k])].answer, "completion": texts[i],
+                     "reward": float(rewards[i])} for i in range(min(config.samples_logged, len(texts)))])
             return Rollout(out, mask, advantages, old, ref)
 
         u = config.updates_per_rollout
@@ -434,15 +499,16 @@ def rl_main(config: RlRunConfig) -> None:
                 made = Rollout.load(url) if u > 1 else None
                 if made is None:
                     made = rollout(policy(state), iteration, step)
-                    if u > 1:
+                    if u > 1 and place.lead:
                         made.save(url)
                 current = (iteration, made)
             r = current[1]
-            batch = {"tokens": hax.named(jnp.asarray(r.tokens), (Batch, Pos)),
-                     "mask": hax.named(jnp.asarray(r.mask), (Batch, Pos)),
-                     "advantages": hax.named(jnp.asarray(r.advantages), (Batch,)),
-                     "old_logprobs": hax.named(jnp.asarray(r.old_logprobs), (Batch, Pos)),
-                     "ref_logprobs": hax.named(jnp.asarray(r.ref_logprobs), (Batch, Pos))}
+            mesh, mapping = trainer.device_mesh, trainer.compute_axis_mapping
+            batch = {"tokens": place.batch(r.tokens, (Batch, Pos), mesh, mapping),
+                     "mask": place.batch(r.mask, (Batch, Pos), mesh, mapping),
+                     "advantages": place.batch(r.advantages, (Batch,), mesh, mapping),
+                     "old_logprobs": place.batch(r.old_logprobs, (Batch, Pos), mesh, mapping),
+                     "ref_logprobs": place.batch(r.ref_logprobs, (Batch, Pos), mesh, mapping)}
             info = trainer.train_step(state, batch)
             levanter.tracker.log({"throughput/update_tokens_per_second": float(r.mask.size / info.step_duration)},
                                  step=step)

@@ -31,7 +31,7 @@ from marin_assets.pipeline.training.export import ExportStep
 from marin_assets.pipeline.training.rl.envs import Environment, check_environment
 from marin_assets.pipeline.training.runner import RunPlaces, platform_for, run_training
 from marin_assets.pipeline.training.sources import InitFrom, InitWeights, TrainSourceError, model_of, resolve_weights
-from marin_assets.pipeline.training.specs import ModelSpec, OptimizerSpec, TrainerSpec
+from marin_assets.pipeline.training.specs import DeviceLayout, ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.training.tracking import Tracking
 from marin_assets.pipeline.training.training_run import TrainResult, TrainStep
 
@@ -134,7 +134,7 @@ class RlTraining:
         return RlRunConfig(
             trainer=trainer_config(self.trainer, places.run_id, places.local_dir, places.metrics_logger,
                                    places.checkpoints, require_accelerator=places.platform not in (None, "cpu"),
-                                   tracking=self.tracking),
+                                   tracking=self.tracking, layout=places.layout),
             model=model_config(self.model, places.reference, self.tokenizer_path),
             optimizer=optimizer_config(self.optimizer), tokenizer=self.tokenizer_path,
             chat_template=self.chat_template, env=self.env, prompts_per_step=rl.prompts_per_step,
@@ -164,10 +164,12 @@ class RlTraining:
 
 def rl_train(output_path: str, tokenizer_path: str, chat_template: str, env: Environment, rl: RlSpec,
              model: ModelSpec, optimizer: OptimizerSpec, trainer: TrainerSpec, init: InitWeights,
-             platform: str | None = None, *, tracking: Tracking | None = None) -> TrainResult:
+             platform: str | None = None, *, tracking: Tracking | None = None,
+             layout: DeviceLayout | None = None) -> TrainResult:
     """Train the weights `init` with RL on `env` (resumes if interrupted): prompts rendered with `chat_template`
     and the tokenizer at `tokenizer_path`, sampling and updates as `rl` says, `trainer.num_train_steps` optimizer
-    steps of `rl.batch_size` sequences. `platform`: the JAX platform (`cuda`; None: JAX's choice)."""
+    steps of `rl.batch_size` sequences. `platform`: the JAX platform (`cuda`; None: JAX's choice); `layout`: how
+    the devices are split (None: Levanter's default)."""
     import os
 
     largest = largest_token_id(load_hf_tokenizer(tokenizer_path))
@@ -178,7 +180,8 @@ def rl_train(output_path: str, tokenizer_path: str, chat_template: str, env: Env
         output_path = os.path.abspath(output_path)  # as the runner places it
     method = RlTraining(output_path, tokenizer_path, chat_template, env, rl, model, optimizer, trainer,
                         init.vocab_size, init, tracking)
-    return run_training(output_path, method, platform=platform, tracking=tracking, initialized_from=init.path)
+    return run_training(output_path, method, platform=platform, tracking=tracking, initialized_from=init.path,
+                        layout=layout)
 
 
 def trained_step(init_from: InitFrom) -> TrainStep | None:
@@ -220,17 +223,19 @@ PASS_RATE_MEASURED = Check("held_out_pass_rate", pass_rate_measured,
 def rl_step(name: str, init_from: InitFrom, env: Environment, rl: RlSpec = RlSpec(), model: ModelSpec | None = None,
             optimizer: OptimizerSpec = RL_OPTIMIZER, trainer: TrainerSpec = TrainerSpec(num_train_steps=50), *,
             cpu: float = 1, gpu: float = 0, gpu_type: str | None = None,
-            tracking: Tracking | None = None) -> TrainStep:
+            tracking: Tracking | None = None, hosts: int = 1, layout: DeviceLayout | None = None) -> TrainStep:
     """RL from verifiable rewards on `env` (an `rl_envs` environment), starting from the weights `init_from` names
     (`from_hf(export step or folder)`, `from_checkpoint(train)`).
 
     `rl`: the sampling and update settings (its seed, with every other field, is identity); `trainer`: steps,
     checkpoints and the training seed (its `train_batch_size` becomes `rl.batch_size`). `model`: None takes the
     source's. Prompts are rendered with the chat template the source was fine-tuned with (the SFT caches'), else
-    the tokenizer's. `tracking` (W&B, TensorBoard) is not identity.
+    the tokenizer's. `tracking` (W&B, TensorBoard) is not identity. `hosts=N` updates on N hosts (Ray nodes, each
+    with `cpu` and `gpu`) as one JAX program, every host writing the same rollouts on its first device; `layout`
+    splits the devices (`DeviceLayout`).
 
-    Identity: `env`, `rl`, `model`, `optimizer`, `trainer`, `init_from`; not `cpu`, `gpu`, `gpu_type` nor
-    `tracking`.
+    Identity: `env`, `rl`, `model`, `optimizer`, `trainer`, `init_from`; not `cpu`, `gpu`, `gpu_type`, `hosts`,
+    `layout` nor `tracking`.
     """
     who = f"RL step {name!r}"
     if not isinstance(init_from, InitFrom):
@@ -241,13 +246,13 @@ def rl_step(name: str, init_from: InitFrom, env: Environment, rl: RlSpec = RlSpe
     check_environment(who, env)
     model = model_of(who, model, init_from, check_config=True)
     trainer = replace(trainer, train_batch_size=rl.batch_size)
-    resources = Resources(cpu=cpu, gpu=gpu, gpu_type=gpu_type)
+    resources = Resources(cpu=cpu, gpu=gpu, gpu_type=gpu_type, hosts=hosts)
 
     def run(out: str) -> TrainResult:
         weights = resolve_weights(who, init_from, model)
         tokenizer, template = source_tokenizer_and_template(init_from, weights)
         return rl_train(out, tokenizer, template, env, rl, model, optimizer, trainer, weights,
-                        platform_for(resources), tracking=tracking)
+                        platform_for(resources), tracking=tracking, layout=layout)
 
     behind = trained_step(init_from)
     return TrainStep(
