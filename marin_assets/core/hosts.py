@@ -41,3 +41,8 @@ class HostPlace:
         return cls(process_id=int(os.environ.get(PROCESS_ID_ENV, "0")), processes=processes,
                    coordinator=os.environ.get(COORDINATOR_ENV) or None)
 
+
+def writes_own_files(place: HostPlace | None) -> bool:
+    """Whether this process writes its step's own files (record, metrics, caches): on one host it does; of several,
+    host 0 alone (every host still writes its part of a checkpoint)."""
+    return place is None or place.process_id == 0

@@ -22,6 +22,7 @@ from marin_assets.pipeline.training.pretrain.step import train_step
 from marin_assets.pipeline.training.specs import DeviceLayout, ModelSpec, OptimizerSpec, TrainerSpec
 from marin_assets.pipeline.training.training_run import TrainResult
 from resources import RayResource
+from tests.support.driver_outcome import reported
 from tests.support.multihost_pause import PAUSE_ENV
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=64)
@@ -44,8 +45,7 @@ if address != "here":
     ray = RayResource(address=address, env_vars={PAUSE_ENV: pause} if pause else {},
                       runtime_env={"worker_process_setup_hook": "tests.support.multihost_pause.install"}
                       if pause else {})
-started = time.monotonic()
-try:
+with reported(ray) as started:
     for dep in (dataset, tokenizer, tokenized):
         materialize_step(dep, prefix=prefix)
     materialize_step(train, prefix=prefix, **({"run_fn": ray_runner(ray, logging.getLogger("driver"))} if ray else {}))
@@ -59,10 +59,3 @@ try:
         materialize_step(check, prefix=prefix)  # in this one process: the checkpoint the hosts wrote together
         out["eval"] = json.loads(open(os.path.join(check.output_path_under(prefix), ".artifact.json")).read())
     print(json.dumps(out), flush=True)
-except BaseException as e:  # reported to the test, which asserts on it
-    print(json.dumps({"ok": False, "seconds": time.monotonic() - started, "error": f"{type(e).__name__}: {e}"}),
-          flush=True)
-    sys.exit(1)
-finally:
-    if ray is not None:
-        ray.shutdown()

@@ -40,6 +40,7 @@ from marin_assets.pipeline.training.training_run import TrainResult
 from resources import RayResource
 from tests.support.chat import write_docs_dataset
 from tests.support.dpo import DPO_OPTIMIZER, write_preference_dataset
+from tests.support.driver_outcome import reported
 
 TINY = ModelSpec(hidden_dim=32, intermediate_dim=64, num_layers=1, num_heads=2, num_kv_heads=2, seq_len=128)
 PAIRS = {"train": 32, "validation": 8}
@@ -69,8 +70,7 @@ rl = rl_step("checkpoints/rl", from_checkpoint(base), SequentialDigits(length=1,
              optimizer=OptimizerSpec(learning_rate=2e-3, weight_decay=0.0, warmup=0.0, lr_schedule="constant"),
              trainer=TrainerSpec(num_train_steps=4, checkpoint_every=1000), hosts=hosts)
 ray = RayResource(address=address) if address != "here" else None
-started = time.monotonic()
-try:
+with reported(ray) as started:
     run_fn = {"run_fn": ray_runner(ray, logging.getLogger("driver"))} if ray else {}
     spanning = {reference.name, dpo.name, evaluation.name, rl.name}  # the steps on the hosts; the rest here, first
     for step in walk([evaluation, rl]):
@@ -91,10 +91,3 @@ try:
         "rl_hosts": rl_run.hosts, "rl_loss_curve": rl_run.loss_curve, "rl_checkpoints": rl_run.checkpoint_steps,
         "rl_held_out_pass_rate": rl_run.method_metrics.held_out_pass_rate_curve if rl_run.method_metrics else None,
         "rl_samples": read_samples(rl.output_path_under(prefix))}), flush=True)
-except BaseException as e:  # reported to the test, which asserts on it
-    print(json.dumps({"ok": False, "seconds": time.monotonic() - started, "error": f"{type(e).__name__}: {e}"}),
-          flush=True)
-    sys.exit(1)
-finally:
-    if ray is not None:
-        ray.shutdown()

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from marin_assets.core.checks import Check, CheckOutcome
 from marin_assets.core.files import open_file
+from marin_assets.core.hosts import writes_own_files
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.record_types import record_type
@@ -61,7 +62,7 @@ def evaluate_lm(output_path: str, checkpoint: str, model: ModelSpec, tokenizer_p
         from marin_assets.pipeline.training.levanter_trainer import join_hosts, use_platform
 
         place = join_hosts(f"evaluation at {output_path}")  # before JAX starts a backend
-        lead = place is None or place.process_id == 0
+        lead = writes_own_files(place)
         use_platform(platform, f"evaluation at {output_path}")  # before Levanter starts JAX
         from levanter.main import eval_lm
 

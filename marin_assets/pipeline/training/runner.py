@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import fsspec
 
 from marin_assets.core.files import atomic_write
+from marin_assets.core.hosts import writes_own_files
 from marin_assets.core.paths import join_path
 from marin_assets.core.preemption import Preempted, preemptible, sigterm_preempts
 from marin_assets.core.preemption import received_at as preemption_received_at
@@ -141,7 +142,7 @@ def run_training(output_path: str, method: TrainingMethod, *, platform: str | No
 
     refuse_unsupported_array_store(output_path, f"training ({method.name})")  # before anything is written
     place = join_hosts(f"training at {output_path}")  # before JAX starts a backend
-    lead = place is None or place.process_id == 0  # writes the run's own files; every host writes checkpoints
+    lead = writes_own_files(place)
     use_platform(platform, f"training at {output_path}")  # before Levanter starts JAX
     remote = "://" in output_path
     if not remote:

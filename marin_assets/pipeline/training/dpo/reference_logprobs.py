@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from marin_assets.core.hosts import writes_own_files
 from marin_assets.core.paths import join_path
 from marin_assets.core.record import load_result
 from marin_assets.core.record_types import record_type
@@ -142,7 +143,7 @@ def reference_logprobs(output_path: str, weights: InitWeights, model: ModelSpec,
     started = time.monotonic()
     with s3_arrays([output_path, cache.path, weights.path]):
         scored = _score_splits(output_path, weights, model, cache, chosen_splits, mixed_precision, batch_size,
-                               platform, write=place is None or place.process_id == 0)
+                               platform, write=writes_own_files(place))
     made: dict[str, SplitLogprobs] = {}
     for split, (chosen, rejected) in scored.items():
         path = join_path(output_path, split)
