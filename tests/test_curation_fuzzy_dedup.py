@@ -430,15 +430,16 @@ def test_the_word_default_keeps_its_identity_and_every_new_option_changes_it(pla
     assert set(default.identity()) == {"ngram", "num_perm", "bands", "threshold", "seed", "algorithm"}
     assert {k: v for k, v in default.identity()["algorithm"].items() if k != "signature"} == \
         {k: v for k, v in ALGORITHM.items() if k != "signature"}
-    explicit = {"shingles": "word", "normalize_punctuation": False, "window": 0, "ngram": 5, "num_perm": 286,
-                "bands": 26, "threshold": 0.8}
+    explicit = {"shingles": "word", "normalize_punctuation": False, "window": 0, "align": False, "ngram": 5,
+                "num_perm": 286, "bands": 26, "threshold": 0.8}
     assert FuzzyDedup(**explicit).identity() == default.identity()
     char = FuzzyDedup(shingles="char")
     assert char.identity() == FuzzyDedup(shingles="char", **CHAR_DEFAULTS).identity()
     assert char.identity()["algorithm"]["normalize"].endswith(f"unicode-{unicodedata.unidata_version}")
     variants = [{}, {"shingles": "char"}, {"normalize_punctuation": True}, {"window": 20},
                 {"shingles": "char", "normalize_punctuation": False}, {"shingles": "char", "ngram": 6},
-                {"shingles": "char", "window": 0}, {"shingles": "char", "threshold": 0.5}]
+                {"shingles": "char", "align": False, "window": 100}, {"shingles": "char", "threshold": 0.5},
+                {"align": True}, {"shingles": "char", "window": 100}]
     hashes = [fuzzy_dedup_step("curated/fuzzy", planted.step, **kw).hash for kw in variants]
     assert len(set(hashes)) == len(variants)
     assert fuzzy_dedup_step("curated/fuzzy", planted.step, **explicit).hash == hashes[0]

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from marin_assets.core.files import atomic_write
+from marin_assets.pipeline.curation import same_document
 from marin_assets.pipeline.curation.fuzzy_candidates import (
     ROW_BITS,
     ROW_MASK,
@@ -132,11 +133,11 @@ def window_containment(sequence: np.ndarray, other: np.ndarray, window: int) -> 
     return float((np.add.reduceat(found.astype(np.int64), starts) / sizes).min())
 
 
-def gather_sets(output_path: str, shards: Sequence[Shard], shingling: Shingling, in_order: bool,
+def gather_sets(output_path: str, shards: Sequence[Shard], shingling: Shingling, in_order: bool, with_text: bool,
                 item: tuple[int, np.ndarray]) -> dict[str, Any]:
     """Phase 3: one shard's documents that take part in candidate pairs, read and hashed once, their n-gram
-    sets (`in_order`: sequences) sent to each verification task that needs them (the task of the pair's later
-    document's shard)."""
+    sets (`in_order`: sequences; `with_text`: and their texts, for `same_document`) sent to each verification task
+    that needs them (the task of the pair's later document's shard)."""
     ordinal, needs = item  # (document, destination shard ordinal) rows
     docs = np.unique(needs[:, 0])
     table = _read_rows(shards[ordinal].path, (docs & ROW_MASK).astype(np.int64), ["id", "text", "source"])
@@ -144,7 +145,8 @@ def gather_sets(output_path: str, shards: Sequence[Shard], shingling: Shingling,
     values, offsets = ngram_sets(texts, shingling, in_order)
     sets = pa.table({"doc": pa.array(docs, pa.uint64()), "id": table.column("id"), "source": table.column("source"),
                      "snippet": pa.array([_snippet(t) for t in texts], pa.string()),
-                     "ngrams": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint64()))})
+                     "ngrams": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint64())),
+                     **({"text": table.column("text")} if with_text else {})})
     destinations = split_by(needs[:, 0], needs[:, 1])
     for destination, wanted_docs in destinations:
         wanted = np.searchsorted(docs, wanted_docs)
@@ -187,23 +189,25 @@ class _Sets:
         return self.values[self.offsets[i]:self.offsets[i + 1]]
 
 
-def verify_shard(output_path: str, keys: list[str], threshold: float, window: int,
+def verify_shard(output_path: str, keys: list[str], threshold: float, window: int, align: bool,
                  item: tuple[int, np.ndarray, list[int]]) -> dict[str, Any]:
     """Phase 4: the candidate pairs whose later document is in one shard, checked on their n-gram sets: Jaccard
-    >= `threshold` and, with a `window` (> 0), each document's `window_containment` in the other too. The pairs
+    >= `threshold` and, with a `window` (> 0), each document's `window_containment` in the other too; with
+    `align`, the same document by `same_document.compare` too (its figures kept beside each verified pair). The pairs
     are taken by their earlier document's shard, one sets file at a time beside this shard's own: memory holds
     two shards' sets, however many shards send theirs."""
     ordinal, pairs, _ = item
     own = _Sets.load(output_path, keys[ordinal], keys[ordinal])
     own_distinct: dict[int, np.ndarray] = {}
-    parts = [_verify_from(output_path, keys, ordinal, source, pairs[rows], own, own_distinct, threshold, window)
+    parts = [_verify_from(output_path, keys, ordinal, source, pairs[rows], own, own_distinct, threshold, window,
+                          align)
              for source, rows in split_by(np.arange(len(pairs)), pairs[:, 0] >> ROW_BITS)]  # rows stay in order
     write_shard(pa.concat_tables(parts), _verified_path(output_path, keys[ordinal]))
     return {"candidates": len(pairs), "verified": sum(p.num_rows for p in parts)}
 
 
 def _verify_from(output_path: str, keys: list[str], ordinal: int, source: int, pairs: np.ndarray, own: _Sets,
-                 own_distinct: dict[int, np.ndarray], threshold: float, window: int) -> pa.Table:
+                 own_distinct: dict[int, np.ndarray], threshold: float, window: int, align: bool) -> pa.Table:
     """The verified pairs among `pairs`, whose earlier documents are all in shard `source` (its sets file is
     loaded here, and let go on return)."""
     earlier = own if source == ordinal else _Sets.load(output_path, keys[source], keys[ordinal])
@@ -211,7 +215,16 @@ def _verify_from(output_path: str, keys: list[str], ordinal: int, source: int, p
     at_b = own.find(output_path, pairs[:, 1], earlier.path)
     passed, similarity = _verified(earlier, at_a, own, at_b, own_distinct if earlier is own else {}, own_distinct,
                                    threshold, window)
-    return _verified_table(pairs, passed, similarity, earlier.table, at_a, own.table, at_b)
+    evidence: list[dict[str, float]] | None = None
+    if align:
+        evidence = []
+        texts_a, texts_b = earlier.table.column("text"), own.table.column("text")
+        for k in np.flatnonzero(passed).tolist():
+            comparison = same_document.compare(texts_a[int(at_a[k])].as_py(), texts_b[int(at_b[k])].as_py())
+            passed[k] = comparison.same()
+            if passed[k]:
+                evidence.append(comparison.as_dict())
+    return _verified_table(pairs, passed, similarity, earlier.table, at_a, own.table, at_b, evidence)
 
 
 def _verified(earlier: _Sets, at_a: np.ndarray, later: _Sets, at_b: np.ndarray, earlier_distinct: dict[int, np.ndarray],
@@ -238,10 +251,12 @@ def _verified(earlier: _Sets, at_a: np.ndarray, later: _Sets, at_b: np.ndarray, 
 
 
 def _verified_table(pairs: np.ndarray, keep: np.ndarray, similarity: np.ndarray, earlier: pa.Table, at_a: np.ndarray,
-                    later: pa.Table, at_b: np.ndarray) -> pa.Table:
-    """The verified pairs with both documents' ids, sources and snippets (phase 5 and the audit sample read them)."""
+                    later: pa.Table, at_b: np.ndarray, evidence: list[dict[str, float]] | None = None) -> pa.Table:
+    """The verified pairs with both documents' ids, sources and snippets (phase 5 and the audit sample read them),
+    and what the alignment found (`evidence`, one per kept pair, when the texts were aligned)."""
     kept = {"a": (earlier, pa.array(at_a[keep])), "b": (later, pa.array(at_b[keep]))}
-    return pa.table({
+    aligned = {} if evidence is None else {"evidence": pa.array(evidence, pa.map_(pa.string(), pa.float64()))}
+    return pa.table({**aligned,
         "a": pa.array(pairs[keep, 0], pa.uint64()), "b": pa.array(pairs[keep, 1], pa.uint64()),
         "jaccard": pa.array(similarity[keep], pa.float64()),
         **{f"{side}_{name}": kept[side][0].column(name).take(kept[side][1])
@@ -321,7 +336,8 @@ def _sample(output_path: str, keys: list[str], removed: dict[int, tuple[int, flo
         found += [row for row in table if (row["a"], row["b"]) in wanted]
     return [{"removed_id": r["b_id"], "removed_source": r["b_source"], "kept_id": r["a_id"],
              "kept_source": r["a_source"], "jaccard": round(r["jaccard"], 4), "removed_snippet": r["b_snippet"],
-             "kept_snippet": r["a_snippet"]} for r in found]
+             "kept_snippet": r["a_snippet"], **({"evidence": dict(r["evidence"])} if r.get("evidence") else {})}
+            for r in found]
 
 
 def split_by(rows: np.ndarray, group: np.ndarray) -> list[tuple[int, np.ndarray]]:
