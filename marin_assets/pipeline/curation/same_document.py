@@ -42,6 +42,9 @@ LIMITS = {"min_length_ratio": 0.7, "max_different": 0.09, "max_own_different": 0
 words not shared verbatim (`own_different`)."""
 CLOSE = 0.15
 """Characters that may differ in a passage whose words were split or joined, over its characters."""
+CLOSE_WORDS = 64
+"""The longest passage (in words, either side) compared character by character: the comparison grows with the square
+of its length."""
 ALGORITHM = "aligned-words-v1"
 """What `compare` and `LIMITS` decide: enters the identity of a fuzzy dedup that aligns."""
 
@@ -101,6 +104,8 @@ def _small_edit(a: str, b: str) -> bool:
 def _close(mine: list[str], theirs: list[str]) -> bool:
     """Whether two passages are one another's characters with at most `CLOSE` of them edited (noise that split
     or joined words, so no word pairs with a word)."""
+    if max(len(mine), len(theirs)) > CLOSE_WORDS:  # noise splits a word or two; a long passage is text of its own
+        return False
     x, y = " ".join(mine), " ".join(theirs)
     if min(len(x), len(y)) < (1 - CLOSE) * max(len(x), len(y)):
         return False
