@@ -62,7 +62,7 @@ CASES: dict[str, Callable[[SimpleNamespace], tuple[CurationFilter, CurationFilte
     "quality": lambda r: (QualityFilter(r.classifier, threshold=0.5), QualityFilter(r.classifier, threshold=0.6)),
     "exact_dedup": lambda r: (ExactDedup(), ExactDedup(paragraphs=True)),
     "fuzzy_dedup": lambda r: (FuzzyDedup(), FuzzyDedup(threshold=0.9)),
-    "fuzzy_dedup_char": lambda r: (FuzzyDedup(shingles="char"), FuzzyDedup(shingles="char", window=0)),
+    "fuzzy_dedup_char": lambda r: (FuzzyDedup(shingles="char"), FuzzyDedup(shingles="char", align=False)),
     "decontaminate": lambda r: (Decontaminate(_eval_sets(r.planted)), Decontaminate(_eval_sets(r.planted), ngram=8)),
     "min_length": lambda r: (MinLength(), MinLength(chars=200)),
 }
