@@ -132,8 +132,10 @@ def compare(text_a: str, text_b: str) -> Comparison:
                           0.0 if not b else 1.0)
     opcodes = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
     aligned = [k for k, op in enumerate(opcodes) if op[0] == "equal"]
-    identical = edited_words = shared = 0
-    changes: collections.Counter[tuple[str, str]] = collections.Counter()
+    identical = shared = 0
+    changes: collections.Counter[tuple[str, str]] = collections.Counter()  # word → word, one character or two
+    passages: collections.Counter[tuple[str, str]] = collections.Counter()  # words split or joined by noise
+    passage_words: dict[tuple[str, str], int] = {}
     unaligned: list[list[str]] = []  # runs of the shorter text's words left unexplained so far
     added: list[list[str]] = []  # runs of the longer text's unaligned words inside the aligned span
     for k, (tag, i1, i2, j1, j2) in enumerate(opcodes):
@@ -146,8 +148,9 @@ def compare(text_a: str, text_b: str) -> Comparison:
             added.append(theirs)
         run: list[str] = []
         if tag == "replace" and len(mine) != len(theirs) and _close(mine, theirs):
-            changes[(" ".join(mine), " ".join(theirs))] += 1  # words split or joined by noise: one edit
-            edited_words += len(mine)
+            key = (" ".join(mine), " ".join(theirs))
+            passages[key] += 1
+            passage_words[key] = len(mine)
         elif tag == "replace" and abs(len(mine) - len(theirs)) <= max(1, len(mine) // 4):
             for x, y in zip(mine, theirs, strict=False):
                 if _small_edit(x, y):
@@ -162,8 +165,9 @@ def compare(text_a: str, text_b: str) -> Comparison:
     in_b, in_a = _grams(b), _grams(a)
     moved = sum(len(run) for run in unaligned if _inside(run, in_b))
     differing = sum(len(run) for run in unaligned if not _inside(run, in_b))
-    renamed = sum(n for n in changes.values() if n >= 2)
-    edited = edited_words + sum(changes.values()) - renamed - sum(n for (x, _), n in changes.items() if " " in x)
+    renamed = sum(n for n in (*changes.values(), *passages.values()) if n >= 2)  # one change made twice: a rename
+    edited = (sum(n for n in changes.values() if n < 2)
+              + sum(passage_words[key] for key, n in passages.items() if n < 2))
     added_inside = sum(len(run) for run in added if not _inside(run, in_a))
     n = len(a)
     return Comparison(n, n / len(b), identical / n, edited / n, moved / n, (differing + renamed) / n,
